@@ -1,0 +1,35 @@
+# The two commands of the README's quick start, and a few for developers.
+# Each creates .venv on first use; nothing outside the checkout is touched.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("outbox-relay needs Python >= 3.11; run with PYTHON=python3.12 (or similar)" if sys.version_info < (3, 11) else 0)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+## demo: install, then add and deliver a few messages on an embedded PostgreSQL
+demo: $(STAMP)
+	$(BIN)/python -m outbox.demo
+
+## test: install, then lint, type-check and run the whole suite
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## bench: throughput figures (see BENCHMARKS.md)
+bench: $(STAMP)
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .outbox .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,42 @@
+"""outbox: a transactional outbox for Python and PostgreSQL.
+
+Add a message in the same transaction as the change it announces; a relay
+delivers it at least once, retrying with backoff and burying what keeps
+failing. Handlers must make repeats harmless.
+"""
+
+from __future__ import annotations
+
+from outbox import uow
+from outbox.errors import (
+    ConfigError,
+    EncodeError,
+    NotFound,
+    OutboxError,
+    Permanent,
+    StoreUnavailable,
+)
+from outbox.message import Message, new_message
+from outbox.relay import Clock, Handler, Relay, backoff, system_clock
+from outbox.settings import RelayConfig
+from outbox.store import Store, StoredMessage
+
+__all__ = [
+    "Clock",
+    "ConfigError",
+    "EncodeError",
+    "Handler",
+    "Message",
+    "NotFound",
+    "OutboxError",
+    "Permanent",
+    "Relay",
+    "RelayConfig",
+    "Store",
+    "StoreUnavailable",
+    "StoredMessage",
+    "backoff",
+    "new_message",
+    "system_clock",
+    "uow",
+]

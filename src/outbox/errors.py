@@ -1,0 +1,68 @@
+"""The exceptions outbox raises and the ones handlers raise to steer the relay.
+
+Everything the package raises on purpose derives from :class:`OutboxError`.
+A handler raises :class:`Permanent` to bury a message at once; any other
+exception makes the relay retry it later.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+__all__ = [
+    "ConfigError",
+    "EncodeError",
+    "NotFound",
+    "OutboxError",
+    "Permanent",
+    "StoreUnavailable",
+]
+
+
+class OutboxError(Exception):
+    """Root of the exceptions this package raises."""
+
+
+class EncodeError(OutboxError, ValueError):
+    """A payload could not be encoded as JSON."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        super().__init__(f"outbox: encode {topic}: {reason}")
+        self.topic = topic
+        self.reason = reason
+
+
+class NotFound(OutboxError, LookupError):
+    """No message with this id is in the store."""
+
+    def __init__(self, message_id: uuid.UUID) -> None:
+        super().__init__(f"outbox: message {message_id} not found")
+        self.message_id = message_id
+
+
+class Permanent(OutboxError):
+    """Raised by a handler: retrying cannot help, bury the message now.
+
+    A mail server that answers 550 for an unknown mailbox will answer the same
+    in five minutes; trying eight times only delays the operator's alert.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ConfigError(OutboxError, ValueError):
+    """A setting is missing or invalid. ``variable`` names it (``OUTBOX_LEASE``)."""
+
+    def __init__(self, variable: str, reason: str) -> None:
+        super().__init__(f"{variable}: {reason}")
+        self.variable = variable
+        self.reason = reason
+
+
+class StoreUnavailable(OutboxError):
+    """The store cannot be reached now (connection refused, lost, pool exhausted).
+
+    Transient by nature: the relay logs it and tries again with a capped backoff.
+    """

@@ -1,0 +1,65 @@
+"""Prometheus collectors for the relay, one set per registry.
+
+outbox_delivered_total and outbox_buried_total are the design's
+outbox.delivered and outbox.buried; alert on the second.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+__all__ = ["RelayMetrics"]
+
+_lock = threading.Lock()
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, RelayMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class RelayMetrics:
+    """The relay's collectors in one registry, shared by every relay using it."""
+
+    delivered: Counter
+    buried: Counter
+    retried: Counter
+    duration: Histogram
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
+        """The metrics registered in ``registry`` (default: the global one), made once."""
+        registry = REGISTRY if registry is None else registry
+        with _lock:
+            found = _by_registry.get(registry)
+            if found is None:
+                found = _by_registry[registry] = cls(registry)
+            return found
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.delivered = Counter(
+            "outbox_delivered",
+            "Messages delivered and acknowledged.",
+            ["topic"],
+            registry=registry,
+        )
+        self.buried = Counter(
+            "outbox_buried",
+            "Messages buried: kept, undelivered, for an operator to inspect.",
+            ["topic"],
+            registry=registry,
+        )
+        self.retried = Counter(
+            "outbox_retried",
+            "Deliveries that failed and were scheduled again.",
+            ["topic"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "outbox_delivery_duration_seconds",
+            "Time one handler call took, whatever its outcome.",
+            ["topic"],
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )

@@ -1,0 +1,55 @@
+"""Create or upgrade the outbox schema.
+
+Migrations are numbered SQL files applied in order, each in its own
+transaction together with its row in outbox_schema_migrations. A session
+advisory lock serialises concurrent runs (several pods starting at once): the
+second waits, then finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+
+from outbox.postgres.queries import migrations
+
+__all__ = ["migrate"]
+
+log = logging.getLogger("outbox.postgres")
+
+# Any constant works as long as every outbox migrator uses the same one.
+_LOCK_KEY = 0x6F7574626F78  # "outbox"
+
+
+async def migrate(conninfo: str) -> list[int]:
+    """Apply the migrations ``conninfo``'s database lacks; return the versions applied."""
+    applied: list[int] = []
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            await conn.execute(
+                """
+                CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+                    version    integer     PRIMARY KEY,
+                    name       text        NOT NULL,
+                    applied_at timestamptz NOT NULL DEFAULT now()
+                )
+                """
+            )
+            cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
+            done = {row[0] for row in await cur.fetchall()}
+            for version, name, sql in migrations():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(
+                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s)",
+                        (version, name),
+                    )
+                log.info("applied migration %04d_%s", version, name)
+                applied.append(version)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    return applied

@@ -1,0 +1,152 @@
+"""The PostgreSQL store: one table, one partial index, FOR UPDATE SKIP LOCKED.
+
+Producers add messages through their own transaction (``begin()`` or a
+connection they already hold), so a message commits or rolls back with the
+change it belongs to. Relays claim, ack, retry and bury through the pool.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from outbox.errors import NotFound, StoreUnavailable
+from outbox.message import Message
+from outbox.postgres.queries import QUERIES
+from outbox.store import StoredMessage, check_claim
+
+__all__ = ["PostgresStore", "connect_pool"]
+
+_INSERT = QUERIES["message_insert"]
+_CLAIM = QUERIES["message_claim"]
+_ACK = QUERIES["message_ack"]
+_ACK_MANY = QUERIES["message_ack_many"]
+_RETRY = QUERIES["message_retry"]
+_BURY = QUERIES["message_bury"]
+_GET = QUERIES["message_get"]
+
+
+def connect_pool(
+    conninfo: str, *, min_size: int = 1, max_size: int = 4, **kwargs: Any
+) -> psycopg_pool.AsyncConnectionPool:
+    """An unopened pool whose connections suit the store (autocommit).
+
+    In autocommit each relay statement is one round trip; ``begin()`` still
+    opens a real transaction. Open it with ``async with connect_pool(...) as pool``.
+    """
+    return psycopg_pool.AsyncConnectionPool(
+        conninfo,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        open=False,
+        **kwargs,
+    )
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Turn the driver's 'cannot reach the database' errors into StoreUnavailable."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+        raise StoreUnavailable(f"outbox: database unavailable: {type(exc).__name__}") from exc
+
+
+class PostgresStore:
+    """A Store over a psycopg AsyncConnectionPool."""
+
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection inside a transaction: commit on exit, roll back on error."""
+        with _translated():
+            async with self.pool.connection() as conn, conn.transaction():
+                yield conn
+
+    async def add(self, tx: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
+        """Insert ``msgs`` through ``tx``, which must be inside the caller's transaction."""
+        params = [
+            {
+                "id": m.id,
+                "topic": m.topic,
+                "payload": m.payload.decode(),
+                "created_at": m.created_at,
+            }
+            for m in msgs
+        ]
+        async with tx.cursor() as cur:
+            await cur.executemany(_INSERT, params)
+
+    async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
+        check_claim(lease, limit)
+        params = {"now": now, "leased_until": now + lease, "limit": limit}
+        rows = await self._fetch(_CLAIM, params)
+        rows.sort(key=lambda r: (r[5], r[0]))
+        utc = dt.UTC
+        return [
+            Message(
+                id=r[0],
+                topic=r[1],
+                payload=r[2].encode(),
+                created_at=r[3].astimezone(utc),
+                attempts=r[4],
+            )
+            for r in rows
+        ]
+
+    async def ack(self, message_id: uuid.UUID) -> None:
+        await self._change_one(_ACK, {"id": message_id})
+
+    async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
+        if not message_ids:
+            return 0
+        with _translated():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(_ACK_MANY, {"ids": list(message_ids)})
+                return cur.rowcount
+
+    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
+        await self._change_one(_RETRY, {"id": message_id, "at": at, "reason": reason})
+
+    async def bury(
+        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
+    ) -> None:
+        at = at or dt.datetime.now(dt.UTC)
+        await self._change_one(_BURY, {"id": message_id, "at": at, "reason": reason})
+
+    async def get(self, message_id: uuid.UUID) -> StoredMessage:
+        rows = await self._fetch(_GET, {"id": message_id})
+        if not rows:
+            raise NotFound(message_id)
+        r = rows[0]
+        return StoredMessage(
+            message=Message(
+                id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]
+            ),
+            due_at=r[5],
+            leased_until=r[6],
+            last_error=r[7],
+            buried_at=r[8],
+        )
+
+    async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
+        with _translated():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return await cur.fetchall()
+
+    async def _change_one(self, query: Any, params: dict[str, Any]) -> None:
+        with _translated():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                if cur.rowcount == 0:
+                    raise NotFound(params["id"])

@@ -1,0 +1,204 @@
+"""The relay: claim due messages under a lease, deliver each, settle the outcome.
+
+Delivery is at least once. A relay can crash after a handler succeeded and
+before the ack; the lease then runs out and a relay delivers the message again.
+Handlers must make a repeat harmless (the message id is the tool for that).
+
+Outcomes: success acks (one statement per batch); any exception retries at
+now + backoff(attempts); :class:`~outbox.errors.Permanent`, the last allowed
+attempt, a topic with no handler and a message claimed more often than allowed
+without finishing (it may be what crashes the relay) bury.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from outbox.durations import format_duration
+from outbox.errors import Permanent, StoreUnavailable
+from outbox.message import Message, validate_topic
+from outbox.metrics import RelayMetrics
+from outbox.settings import RelayConfig
+from outbox.store import Store
+
+__all__ = ["Clock", "Handler", "Relay", "backoff", "system_clock"]
+
+log = logging.getLogger("outbox.relay")
+
+Handler = Callable[[Message], Awaitable[None]]
+"""Delivers one message. Raising makes the relay retry it; Permanent buries it."""
+
+Clock = Callable[[], dt.datetime]
+"""Returns the current time, timezone-aware. Tests pass one they can move."""
+
+_BACKOFF_CEILING = dt.timedelta(minutes=5)
+_REASON_MAX = 2000
+# The loop's wait after a failed poll doubles from the interval up to this.
+_FAILURE_BACKOFF_CEILING = 30.0
+
+
+def system_clock() -> dt.datetime:
+    """The wall clock, in UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+def backoff(attempt: int) -> dt.timedelta:
+    """The wait before retrying a message that failed on its attempt-th try.
+
+    One second, doubling each time, at most five minutes.
+    """
+    attempt = max(attempt, 1)
+    if attempt > 10:
+        return _BACKOFF_CEILING
+    return min(dt.timedelta(seconds=1 << (attempt - 1)), _BACKOFF_CEILING)
+
+
+@dataclasses.dataclass(slots=True)
+class _Outcomes:
+    """What one poll's deliveries came to, settled after the batch."""
+
+    acked: list[Message] = dataclasses.field(default_factory=list)
+    failed: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
+    buried: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
+
+
+class Relay:
+    """Delivers due messages from ``store`` to the handler for each topic."""
+
+    def __init__(
+        self,
+        store: Store[Any],
+        handlers: Mapping[str, Handler],
+        config: RelayConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        for topic in handlers:
+            validate_topic(topic)
+        self.store = store
+        self.handlers = dict(handlers)
+        # model_validate skips the environment: RelayConfig's defaults unless
+        # the caller loaded one (outbox.settings.load(RelayConfig)).
+        self.config = config if config is not None else RelayConfig.model_validate({})
+        self.clock = clock or system_clock
+        self.metrics = RelayMetrics.of(registry)
+        self.last_poll: float | None = None
+        """time.monotonic() when the loop last finished a poll, whatever its outcome."""
+
+    async def drain(self) -> int:
+        """Handle everything due at clock() until nothing is; return how many were handled."""
+        total = 0
+        while handled := await self.poll():
+            total += handled
+        return total
+
+    async def run(self) -> None:
+        """Poll until cancelled, waiting ``interval`` when nothing is due.
+
+        A failing store is logged and retried with a capped backoff; it never
+        ends the loop.
+        """
+        interval = self.config.interval.total_seconds()
+        failures = 0
+        while True:
+            try:
+                handled = await self.poll()
+            except Exception as exc:
+                failures += 1
+                wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
+                if isinstance(exc, StoreUnavailable):
+                    log.warning("poll failed: %s; next try in %.1fs", exc, wait)
+                else:
+                    log.exception("poll failed; next try in %.1fs", wait)
+                self.last_poll = time.monotonic()
+                await anyio.sleep(wait)
+                continue
+            if failures:
+                log.info("store reachable again after %d failed polls", failures)
+                failures = 0
+            self.last_poll = time.monotonic()
+            if handled < self.config.batch:
+                await anyio.sleep(interval)
+
+    async def poll(self) -> int:
+        """Claim one batch, deliver it concurrently and settle it; return its size."""
+        cfg = self.config
+        claimed = await self.store.claim(self.clock(), cfg.lease, cfg.batch)
+        if not claimed:
+            return 0
+        outcomes = _Outcomes()
+        if len(claimed) == 1:
+            await self._deliver(claimed[0], outcomes)
+        else:
+            async with anyio.create_task_group() as tg:
+                for m in claimed:
+                    tg.start_soon(self._deliver, m, outcomes)
+        await self._settle(outcomes)
+        return len(claimed)
+
+    async def _deliver(self, m: Message, out: _Outcomes) -> None:
+        cfg = self.config
+        if m.attempts > cfg.max_attempts:
+            out.buried.append(
+                (m, f"claimed {m.attempts} times without finishing; it may crash the relay")
+            )
+            return
+        handler = self.handlers.get(m.topic)
+        if handler is None:
+            out.buried.append((m, f"no handler for topic {m.topic}"))
+            return
+        started = time.perf_counter()
+        try:
+            with anyio.fail_after(cfg.timeout.total_seconds()):
+                await handler(m)
+        except Permanent as exc:
+            out.buried.append((m, f"permanent: {exc.reason}"))
+        except TimeoutError:
+            out.failed.append((m, f"timed out after {format_duration(cfg.timeout)}"))
+        except Exception as exc:
+            out.failed.append((m, f"{type(exc).__name__}: {exc}"))
+        else:
+            out.acked.append(m)
+        finally:
+            self.metrics.duration.labels(m.topic).observe(time.perf_counter() - started)
+
+    async def _settle(self, out: _Outcomes) -> None:
+        if out.acked:
+            await self.store.ack_many([m.id for m in out.acked])
+            for m in out.acked:
+                self.metrics.delivered.labels(m.topic).inc()
+        now = self.clock()
+        for m, reason in out.failed:
+            if m.attempts >= self.config.max_attempts:
+                out.buried.append((m, f"{reason} (after {m.attempts} attempts)"))
+                continue
+            wait = backoff(m.attempts)
+            await self.store.retry(m.id, now + wait, reason[:_REASON_MAX])
+            self.metrics.retried.labels(m.topic).inc()
+            log.warning(
+                "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                format_duration(wait),
+                reason,
+            )
+        for m, reason in out.buried:
+            await self.store.bury(m.id, reason[:_REASON_MAX], at=now)
+            self.metrics.buried.labels(m.topic).inc()
+            log.error(
+                "message buried: message=%s topic=%s attempt=%d reason=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                reason,
+            )

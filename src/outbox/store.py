@@ -1,0 +1,88 @@
+"""The Store contract every backend fulfils (tests/contract proves it).
+
+A message is *due* when it is not buried, its retry time has passed and its
+lease, if any, has ended. Claims lease due messages; concurrent claims never
+return the same message; a message whose relay crashed is claimed again when
+its lease ends. Delivery is therefore at least once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from outbox.message import Message
+from outbox.uow import UnitOfWork
+
+__all__ = ["Store", "StoredMessage", "check_claim"]
+
+Tx = TypeVar("Tx")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as the store holds it, with its delivery state."""
+
+    message: Message
+    due_at: dt.datetime
+    """When it can next be claimed (while leased: when the lease ends)."""
+    leased_until: dt.datetime | None
+    """Set while a relay holds the message; a lease in the past has expired."""
+    last_error: str | None
+    buried_at: dt.datetime | None
+
+
+class Store(UnitOfWork[Tx], Protocol[Tx]):
+    """Keeps messages until they are delivered."""
+
+    async def add(self, tx: Tx, /, *msgs: Message) -> None:
+        """Store ``msgs`` as part of ``tx``. Each becomes due at its ``created_at``."""
+        ...
+
+    async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
+        """Lease up to ``limit`` due messages, earliest due first, until ``now + lease``.
+
+        Increments each message's attempts. Concurrent claims never return the
+        same message.
+        """
+        ...
+
+    async def ack(self, message_id: uuid.UUID) -> None:
+        """Remove a delivered message. Raises NotFound if it is not there."""
+        ...
+
+    async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
+        """Remove delivered messages in one round trip; return how many were there."""
+        ...
+
+    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
+        """End the lease and make the message due again at ``at``, keeping ``reason``.
+
+        Raises NotFound if it is not there.
+        """
+        ...
+
+    async def bury(
+        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
+    ) -> None:
+        """Stop delivering a message and keep it, with ``reason``, for an operator.
+
+        ``at`` is when it was buried (default: the wall clock). Raises NotFound
+        if it is not there.
+        """
+        ...
+
+    async def get(self, message_id: uuid.UUID) -> StoredMessage:
+        """Return a message with its delivery state. Raises NotFound if it is not there."""
+        ...
+
+
+def check_claim(lease: dt.timedelta, limit: int) -> None:
+    """Reject claim arguments that can only be mistakes."""
+    if lease <= dt.timedelta(0):
+        raise ValueError(f"outbox: lease must be positive, got {lease}")
+    if limit < 1:
+        raise ValueError(f"outbox: limit must be at least 1, got {limit}")

@@ -1,0 +1,81 @@
+"""Fixtures shared by every tier: the event loop backend and a real PostgreSQL.
+
+PostgreSQL comes from, in order: OUTBOX_TEST_DATABASE_URL; a testcontainers
+container when a Docker engine answers; an embedded server started once per
+session. Each test that asks for one gets a fresh schema of its own, so tests
+run in any order and never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from outbox.embedded import EmbeddedPostgres
+from outbox.postgres import PostgresStore, connect_pool, migrate
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _docker_postgres() -> Iterator[str] | None:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return None
+    from testcontainers.postgres import PostgresContainer
+
+    def run() -> Iterator[str]:
+        with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+            yield pg.get_connection_url()
+
+    return run()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server URL for the whole session."""
+    url = os.environ.get("OUTBOX_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    container = _docker_postgres()
+    if container is not None:
+        yield from container
+        return
+    with tempfile.TemporaryDirectory(prefix="outbox-test-") as tmp:
+        os.chmod(tmp, 0o755)  # as root, the server runs as its own user
+        with EmbeddedPostgres(Path(tmp) / "pgdata", delete=True) as server:
+            yield server.url
+
+
+@pytest.fixture
+def pg_conninfo(postgres_url: str) -> Iterator[str]:
+    """Conninfo whose search_path is a fresh, empty schema; dropped afterwards."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    options = conninfo_to_dict(postgres_url).get("options") or ""
+    yield make_conninfo(postgres_url, options=f"{options} -c search_path={schema}".strip())
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+async def pg_store(pg_conninfo: str) -> AsyncIterator[PostgresStore]:
+    """A migrated PostgresStore in its own schema."""
+    await migrate(pg_conninfo)
+    async with connect_pool(pg_conninfo, min_size=1, max_size=8) as pool:
+        yield PostgresStore(pool)

@@ -1,0 +1,279 @@
+"""The relay's behaviour on every backend, driven by an injected clock: no sleeps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from outbox import Message, NotFound, Permanent, Relay, RelayConfig, Store, backoff, new_message
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class Fixture:
+    """A relay over ``store`` whose clock is ``self.now`` and whose handler is ``self.handle``."""
+
+    def __init__(self, store: Store[Any], **config: Any) -> None:
+        self.store = store
+        self.now = T0
+        self.handle: Callable[[Message], Awaitable[None]] = self._ok
+        self.registry = CollectorRegistry()
+        self.relay = Relay(
+            store,
+            {"mail": self._dispatch, "mail.other": self._dispatch},
+            RelayConfig.model_validate(config),
+            clock=lambda: self.now,
+            registry=self.registry,
+        )
+
+    async def _ok(self, m: Message) -> None:
+        pass
+
+    async def _dispatch(self, m: Message) -> None:
+        await self.handle(m)
+
+    async def add(self, topic: str = "mail", **payload: Any) -> Message:
+        m = new_message(topic, payload, self.now)
+        async with self.store.begin() as tx:
+            await self.store.add(tx, m)
+        return m
+
+    async def drain(self) -> int:
+        return await self.relay.drain()
+
+    def metric(self, name: str, topic: str = "mail") -> float:
+        value = self.registry.get_sample_value(name, {"topic": topic})
+        return 0.0 if value is None else value
+
+
+@pytest.fixture
+def f(store: Store[Any]) -> Fixture:
+    return Fixture(store)
+
+
+async def test_relay_retries_until_delivered(f: Fixture) -> None:
+    calls: list[int] = []
+    delivered: list[Any] = []
+
+    async def handle(m: Message) -> None:
+        calls.append(m.attempts)
+        if len(calls) < 3:
+            raise ConnectionRefusedError("smtp: connection refused")
+        delivered.append(m.id)
+
+    f.handle = handle
+    m = await f.add()
+
+    await f.drain()  # fails, retry in 1s
+    await f.drain()  # not due yet
+    f.now += backoff(1)
+    await f.drain()  # fails, retry in 2s
+    f.now += backoff(2)
+    await f.drain()  # succeeds
+    f.now += dt.timedelta(hours=1)
+    await f.drain()  # nothing left
+
+    assert calls == [1, 2, 3]
+    assert delivered == [m.id]
+    assert f.metric("outbox_delivered_total") == 1
+    assert f.metric("outbox_retried_total") == 2
+    assert f.metric("outbox_buried_total") == 0
+
+
+async def test_failed_delivery_keeps_error_as_reason(f: Fixture) -> None:
+    async def handle(m: Message) -> None:
+        raise ConnectionRefusedError("smtp: connection refused")
+
+    f.handle = handle
+    m = await f.add()
+
+    assert await f.drain() == 1
+
+    state = await f.store.get(m.id)
+    assert state.last_error == "ConnectionRefusedError: smtp: connection refused"
+    assert state.due_at == T0 + backoff(1)
+    assert state.buried_at is None
+
+
+async def test_drain_returns_how_many_it_handled(f: Fixture) -> None:
+    for i in range(25):
+        await f.add(n=i)
+
+    assert await f.drain() == 25
+    assert await f.drain() == 0
+    assert f.metric("outbox_delivered_total") == 25
+
+
+async def test_topic_without_handler_is_buried_without_calling_anything(f: Fixture) -> None:
+    called: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        called.append(m)
+
+    f.handle = handle
+    m = await f.add("billing.invoice")
+
+    await f.drain()
+
+    state = await f.store.get(m.id)
+    assert state.buried_at == T0
+    assert state.last_error == "no handler for topic billing.invoice"
+    assert called == []
+    assert f.metric("outbox_buried_total", "billing.invoice") == 1
+
+
+async def test_permanent_error_buries_at_once(f: Fixture) -> None:
+    async def handle(m: Message) -> None:
+        raise Permanent("550 5.1.1 no such mailbox")
+
+    f.handle = handle
+    m = await f.add()
+
+    await f.drain()
+
+    state = await f.store.get(m.id)
+    assert state.buried_at is not None
+    assert state.message.attempts == 1
+    assert state.last_error == "permanent: 550 5.1.1 no such mailbox"
+
+
+async def test_message_is_buried_once_attempts_reach_max_attempts(store: Store[Any]) -> None:
+    f = Fixture(store, max_attempts=3)
+    calls: list[int] = []
+
+    async def handle(m: Message) -> None:
+        calls.append(m.attempts)
+        raise RuntimeError(f"failure {m.attempts}")
+
+    f.handle = handle
+    m = await f.add()
+
+    for _ in range(5):
+        await f.drain()
+        f.now += dt.timedelta(minutes=10)
+
+    assert calls == [1, 2, 3]
+    state = await f.store.get(m.id)
+    assert state.buried_at is not None
+    assert state.last_error == "RuntimeError: failure 3 (after 3 attempts)"
+    assert f.metric("outbox_retried_total") == 2
+    assert f.metric("outbox_buried_total") == 1
+
+
+async def test_message_claimed_too_often_without_finishing_is_buried_unread(
+    store: Store[Any],
+) -> None:
+    f = Fixture(store, max_attempts=2)
+    called: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        called.append(m)
+
+    f.handle = handle
+    m = await f.add()
+    lease = f.relay.config.lease
+    # Two relays took the message and died before settling it (a poison message
+    # that crashes the process looks exactly like this).
+    for _ in range(2):
+        assert len(await store.claim(f.now, lease, 10)) == 1
+        f.now += lease
+
+    await f.drain()
+
+    assert called == []
+    state = await store.get(m.id)
+    assert state.buried_at is not None
+    assert state.last_error == "claimed 3 times without finishing; it may crash the relay"
+
+
+async def test_handler_that_outlives_timeout_is_retried(store: Store[Any]) -> None:
+    f = Fixture(store, timeout="50ms")
+    never = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        await never.wait()
+
+    f.handle = handle
+    m = await f.add()
+
+    await f.drain()
+
+    state = await store.get(m.id)
+    assert state.last_error == "timed out after 50ms"
+    assert state.due_at == T0 + backoff(1)
+    assert f.metric("outbox_retried_total") == 1
+
+
+async def test_batch_handlers_run_concurrently(store: Store[Any]) -> None:
+    f = Fixture(store, batch=5, timeout="5s", lease="10s")
+    started = 0
+    all_started = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        nonlocal started
+        started += 1
+        if started == 5:
+            all_started.set()
+        await all_started.wait()  # deadlocks (then times out) unless all run at once
+
+    f.handle = handle
+    for i in range(5):
+        await f.add(n=i)
+
+    await f.drain()
+
+    assert f.metric("outbox_delivered_total") == 5
+
+
+async def test_one_failure_does_not_hold_back_the_rest_of_the_batch(f: Fixture) -> None:
+    async def handle(m: Message) -> None:
+        if m.json()["n"] == 2:
+            raise ValueError("bad")
+
+    f.handle = handle
+    msgs = [await f.add(n=i) for i in range(4)]
+
+    await f.drain()
+
+    for i, m in enumerate(msgs):
+        if i == 2:
+            assert (await f.store.get(m.id)).last_error == "ValueError: bad"
+        else:
+            with pytest.raises(NotFound):
+                await f.store.get(m.id)
+
+
+async def test_metrics_are_counted_per_topic(f: Fixture) -> None:
+    await f.add("mail")
+    await f.add("mail.other")
+    await f.add("mail.other")
+
+    await f.drain()
+
+    assert f.metric("outbox_delivered_total", "mail") == 1
+    assert f.metric("outbox_delivered_total", "mail.other") == 2
+    assert f.metric("outbox_delivery_duration_seconds_count", "mail.other") == 2
+
+
+async def test_logs_name_message_but_never_payload(
+    f: Fixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handle(m: Message) -> None:
+        raise RuntimeError("mail server said no")
+
+    f.handle = handle
+    m = await f.add(code="493817", to="someone@example.com")
+    caplog.set_level(logging.DEBUG, logger="outbox")
+
+    await f.drain()
+
+    assert str(m.id) in caplog.text
+    assert "attempt=1" in caplog.text
+    assert "493817" not in caplog.text
+    assert "someone@example.com" not in caplog.text

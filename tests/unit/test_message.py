@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+
+import pytest
+from pydantic import BaseModel
+
+from outbox import EncodeError, Message, new_message
+
+NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 891234, tzinfo=dt.UTC)
+
+
+class Link(BaseModel):
+    to: str
+    expires: dt.datetime
+
+
+@dataclasses.dataclass
+class Change:
+    user: uuid.UUID
+    amount: Decimal
+
+
+def test_payload_is_compact_utf8_json() -> None:
+    m = new_message("mail.login_link", {"to": "zoë@example.com", "n": [1, 2]}, NOW)
+
+    assert m.payload == '{"to":"zoë@example.com","n":[1,2]}'.encode()
+    assert m.json() == {"to": "zoë@example.com", "n": [1, 2]}
+
+
+def test_pydantic_models_and_dataclasses_are_encoded() -> None:
+    user = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    m1 = new_message("a", Link(to="x@example.com", expires=NOW), NOW)
+    m2 = new_message("a", {"change": Change(user, Decimal("1.50"))}, NOW)
+
+    assert json.loads(m1.payload) == {
+        "to": "x@example.com",
+        "expires": "2026-03-04T05:06:07.891234Z",
+    }
+    assert json.loads(m2.payload) == {"change": {"user": str(user), "amount": "1.50"}}
+
+
+@pytest.mark.parametrize("payload", [None, 3, "text", 1.5, True, []])
+def test_scalars_and_lists_are_payloads(payload: object) -> None:
+    assert new_message("a", payload, NOW).json() == payload
+
+
+def test_id_is_uuid7_and_unique() -> None:
+    a, b = new_message("a", {}, NOW), new_message("a", {}, NOW)
+
+    assert isinstance(a.id, uuid.UUID)
+    assert a.id.version == 7
+    assert a.id != b.id
+
+
+def test_created_at_is_utc_truncated_to_milliseconds() -> None:
+    plus_two = dt.timezone(dt.timedelta(hours=2))
+    m = new_message("a", {}, NOW.astimezone(plus_two))
+
+    assert m.created_at == dt.datetime(2026, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)
+    assert m.created_at.tzinfo is dt.UTC
+    assert m.attempts == 0
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"s": {1, 2}}, {"b": b"bytes"}, float("nan"), {"x": object()}],
+)
+def test_unencodable_payload_raises_encode_error(payload: object) -> None:
+    with pytest.raises(EncodeError) as info:
+        new_message("mail.login_link", payload, NOW)
+
+    assert str(info.value).startswith("outbox: encode mail.login_link:")
+    assert isinstance(info.value, ValueError)
+
+
+def test_naive_datetime_is_refused() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        new_message("a", {}, dt.datetime(2026, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("topic", "complaint"),
+    [
+        ("", "must not be empty"),
+        ("Mail", "must match"),
+        ("-mail", "must match"),
+        ("mail link", "must match"),
+        ("mail/link", "must match"),
+        ("a" * 201, "at most 200"),
+    ],
+)
+def test_bad_topics_are_refused(topic: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        new_message(topic, {}, NOW)
+
+
+@pytest.mark.parametrize("topic", ["a", "mail.login_link", "0-x_y.z", "a" * 200])
+def test_good_topics_are_accepted(topic: str) -> None:
+    assert new_message(topic, {}, NOW).topic == topic
+
+
+def test_message_is_frozen() -> None:
+    m = new_message("a", {}, NOW)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.attempts = 3  # type: ignore[misc]
+    assert isinstance(m, Message)
