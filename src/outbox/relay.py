@@ -12,6 +12,7 @@ without finishing (it may be what crashes the relay) bury.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.durations import format_duration
@@ -70,6 +72,18 @@ class _Outcomes:
     buried: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
 
 
+class _TopicMetrics:
+    """One topic's children of the relay's collectors, looked up once."""
+
+    __slots__ = ("buried", "delivered", "duration", "retried")
+
+    def __init__(self, metrics: RelayMetrics, topic: str) -> None:
+        self.delivered = metrics.delivered.labels(topic)
+        self.buried = metrics.buried.labels(topic)
+        self.retried = metrics.retried.labels(topic)
+        self.duration = metrics.duration.labels(topic)
+
+
 class Relay:
     """Delivers due messages from ``store`` to the handler for each topic."""
 
@@ -91,6 +105,7 @@ class Relay:
         self.config = config if config is not None else RelayConfig.model_validate({})
         self.clock = clock or system_clock
         self.metrics = RelayMetrics.of(registry)
+        self._by_topic: dict[str, _TopicMetrics] = {}
         self.last_poll: float | None = None
         """time.monotonic() when the loop last finished a poll, whatever its outcome."""
 
@@ -135,47 +150,75 @@ class Relay:
         claimed = await self.store.claim(self.clock(), cfg.lease, cfg.batch)
         if not claimed:
             return 0
-        outcomes = _Outcomes()
-        if len(claimed) == 1:
-            await self._deliver(claimed[0], outcomes)
-        else:
-            async with anyio.create_task_group() as tg:
-                for m in claimed:
-                    tg.start_soon(self._deliver, m, outcomes)
-        await self._settle(outcomes)
+        out = _Outcomes()
+        ready = [m for m in claimed if self._admit(m, out)]
+        if ready:
+            # Every handler of the batch starts now, so one deadline bounds each
+            # of them by the timeout; that is much cheaper than a scope apiece.
+            with anyio.move_on_after(cfg.timeout.total_seconds()) as deadline:
+                queue = collections.deque(ready)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._work, queue, out)
+                    # Runs whenever every worker waits: then it adds one, so a
+                    # handler that waits never holds back the rest of the batch,
+                    # while handlers that finish at once share one task.
+                    while queue:
+                        await anyio.lowlevel.checkpoint()
+                        if queue:
+                            tg.start_soon(self._work, queue, out)
+            if deadline.cancelled_caught:
+                self._time_out(ready, out)
+        await self._settle(out)
         return len(claimed)
 
-    async def _deliver(self, m: Message, out: _Outcomes) -> None:
-        cfg = self.config
-        if m.attempts > cfg.max_attempts:
+    def _admit(self, m: Message, out: _Outcomes) -> bool:
+        """Whether ``m`` goes to its handler; if not, record why it is buried."""
+        if m.attempts > self.config.max_attempts:
             out.buried.append(
                 (m, f"claimed {m.attempts} times without finishing; it may crash the relay")
             )
-            return
-        handler = self.handlers.get(m.topic)
-        if handler is None:
+            return False
+        if m.topic not in self.handlers:
             out.buried.append((m, f"no handler for topic {m.topic}"))
-            return
+            return False
+        return True
+
+    async def _work(self, queue: collections.deque[Message], out: _Outcomes) -> None:
+        while queue:
+            await self._deliver(queue.popleft(), out)
+
+    async def _deliver(self, m: Message, out: _Outcomes) -> None:
         started = time.perf_counter()
         try:
-            with anyio.fail_after(cfg.timeout.total_seconds()):
-                await handler(m)
+            await self.handlers[m.topic](m)
         except Permanent as exc:
             out.buried.append((m, f"permanent: {exc.reason}"))
-        except TimeoutError:
-            out.failed.append((m, f"timed out after {format_duration(cfg.timeout)}"))
         except Exception as exc:
             out.failed.append((m, f"{type(exc).__name__}: {exc}"))
         else:
             out.acked.append(m)
         finally:
-            self.metrics.duration.labels(m.topic).observe(time.perf_counter() - started)
+            self._metrics(m.topic).duration.observe(time.perf_counter() - started)
+
+    def _time_out(self, ready: list[Message], out: _Outcomes) -> None:
+        """Record the handlers the deadline cancelled as failed deliveries."""
+        settled = {m.id for m in out.acked}
+        settled.update(m.id for m, _ in out.failed)
+        settled.update(m.id for m, _ in out.buried)
+        reason = f"timed out after {format_duration(self.config.timeout)}"
+        out.failed.extend((m, reason) for m in ready if m.id not in settled)
+
+    def _metrics(self, topic: str) -> _TopicMetrics:
+        found = self._by_topic.get(topic)
+        if found is None:
+            found = self._by_topic[topic] = _TopicMetrics(self.metrics, topic)
+        return found
 
     async def _settle(self, out: _Outcomes) -> None:
         if out.acked:
             await self.store.ack_many([m.id for m in out.acked])
             for m in out.acked:
-                self.metrics.delivered.labels(m.topic).inc()
+                self._metrics(m.topic).delivered.inc()
         now = self.clock()
         for m, reason in out.failed:
             if m.attempts >= self.config.max_attempts:
@@ -183,7 +226,7 @@ class Relay:
                 continue
             wait = backoff(m.attempts)
             await self.store.retry(m.id, now + wait, reason[:_REASON_MAX])
-            self.metrics.retried.labels(m.topic).inc()
+            self._metrics(m.topic).retried.inc()
             log.warning(
                 "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
                 m.id,
@@ -194,7 +237,7 @@ class Relay:
             )
         for m, reason in out.buried:
             await self.store.bury(m.id, reason[:_REASON_MAX], at=now)
-            self.metrics.buried.labels(m.topic).inc()
+            self._metrics(m.topic).buried.inc()
             log.error(
                 "message buried: message=%s topic=%s attempt=%d reason=%s",
                 m.id,

@@ -83,8 +83,12 @@ class PostgresStore:
             }
             for m in msgs
         ]
-        async with tx.cursor() as cur:
-            await cur.executemany(_INSERT, params)
+        if len(params) == 1:
+            await tx.execute(_INSERT, params[0])
+        elif params:
+            # executemany pipelines the inserts: one round trip for the lot.
+            async with tx.cursor() as cur:
+                await cur.executemany(_INSERT, params)
 
     async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
         check_claim(lease, limit)
