@@ -100,6 +100,18 @@ class MemoryStore:
         row.buried_at = at or dt.datetime.now(dt.UTC)
         row.leased_until, row.last_error = None, reason
 
+    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
+        released = 0
+        for message_id in set(message_ids):
+            row = self._rows.get(message_id)
+            if row is None or row.buried_at is not None:
+                continue
+            attempts = max(row.message.attempts - 1, 0)
+            row.message = dataclasses.replace(row.message, attempts=attempts)
+            row.due_at, row.leased_until = now, None
+            released += 1
+        return released
+
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         row = self._row(message_id)
         return StoredMessage(

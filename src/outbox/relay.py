@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -45,6 +46,8 @@ _BACKOFF_CEILING = dt.timedelta(minutes=5)
 _REASON_MAX = 2000
 # The loop's wait after a failed poll doubles from the interval up to this.
 _FAILURE_BACKOFF_CEILING = 30.0
+# How long a cancelled poll may spend handing its batch back.
+_RELEASE_GRACE = 2.0
 
 
 def system_clock() -> dt.datetime:
@@ -70,6 +73,7 @@ class _Outcomes:
     acked: list[Message] = dataclasses.field(default_factory=list)
     failed: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     buried: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
+    released: list[Message] = dataclasses.field(default_factory=list)
 
 
 class _TopicMetrics:
@@ -106,8 +110,30 @@ class Relay:
         self.clock = clock or system_clock
         self.metrics = RelayMetrics.of(registry)
         self._by_topic: dict[str, _TopicMetrics] = {}
-        self.last_poll: float | None = None
-        """time.monotonic() when the loop last finished a poll, whatever its outcome."""
+        self._stopping = False
+        self._wake: anyio.Event | None = None
+        self._report_by = math.inf
+
+    def stop(self) -> None:
+        """Stop claiming. run() returns once the batch in hand is settled.
+
+        Handlers in flight keep their deadline (the timeout); those still
+        running then are cancelled and their messages released, due at once,
+        so another relay takes them without waiting for the lease to end.
+        """
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether stop() was called."""
+        return self._stopping
+
+    def alive(self) -> bool:
+        """Whether run()'s loop reported in time: a poll (claim, deliveries up to
+        the timeout, settling) or a wait, plus three intervals to spare."""
+        return time.monotonic() <= self._report_by
 
     async def drain(self) -> int:
         """Handle everything due at clock() until nothing is; return how many were handled."""
@@ -117,14 +143,20 @@ class Relay:
         return total
 
     async def run(self) -> None:
-        """Poll until cancelled, waiting ``interval`` when nothing is due.
+        """Poll until stopped or cancelled, waiting ``interval`` when nothing is due.
 
         A failing store is logged and retried with a capped backoff; it never
         ends the loop.
         """
-        interval = self.config.interval.total_seconds()
+        cfg = self.config
+        interval = cfg.interval.total_seconds()
+        slack = 3 * interval
+        self._wake = anyio.Event()
+        if self._stopping:
+            return
         failures = 0
-        while True:
+        while not self._stopping:
+            self._report_by = time.monotonic() + cfg.timeout.total_seconds() + slack
             try:
                 handled = await self.poll()
             except Exception as exc:
@@ -134,15 +166,17 @@ class Relay:
                     log.warning("poll failed: %s; next try in %.1fs", exc, wait)
                 else:
                     log.exception("poll failed; next try in %.1fs", wait)
-                self.last_poll = time.monotonic()
-                await anyio.sleep(wait)
-                continue
-            if failures:
-                log.info("store reachable again after %d failed polls", failures)
-                failures = 0
+            else:
+                if failures:
+                    log.info("store reachable again after %d failed polls", failures)
+                    failures = 0
+                wait = 0.0 if handled == cfg.batch else interval
             self.last_poll = time.monotonic()
-            if handled < self.config.batch:
-                await anyio.sleep(interval)
+            if wait and not self._stopping:
+                self._report_by = time.monotonic() + wait + slack
+                with anyio.move_on_after(wait):
+                    await self._wake.wait()
+        log.info("relay stopped claiming")
 
     async def poll(self) -> int:
         """Claim one batch, deliver it concurrently and settle it; return its size."""
@@ -151,24 +185,32 @@ class Relay:
         if not claimed:
             return 0
         out = _Outcomes()
-        ready = [m for m in claimed if self._admit(m, out)]
-        if ready:
-            # Every handler of the batch starts now, so one deadline bounds each
-            # of them by the timeout; that is much cheaper than a scope apiece.
-            with anyio.move_on_after(cfg.timeout.total_seconds()) as deadline:
-                queue = collections.deque(ready)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._work, queue, out)
-                    # Runs whenever every worker waits: then it adds one, so a
-                    # handler that waits never holds back the rest of the batch,
-                    # while handlers that finish at once share one task.
-                    while queue:
-                        await anyio.lowlevel.checkpoint()
-                        if queue:
-                            tg.start_soon(self._work, queue, out)
-            if deadline.cancelled_caught:
-                self._time_out(ready, out)
-        await self._settle(out)
+        try:
+            ready = [m for m in claimed if self._admit(m, out)]
+            if ready:
+                # Every handler of the batch starts now, so one deadline bounds
+                # each of them by the timeout; much cheaper than a scope apiece.
+                with anyio.move_on_after(cfg.timeout.total_seconds()) as deadline:
+                    queue = collections.deque(ready)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._work, queue, out)
+                        # Runs whenever every worker waits: then it adds one, so
+                        # a handler that waits never holds back the rest of the
+                        # batch, while handlers that finish at once share a task.
+                        while queue:
+                            await anyio.lowlevel.checkpoint()
+                            if queue:
+                                tg.start_soon(self._work, queue, out)
+                if deadline.cancelled_caught:
+                    self._time_out(ready, out)
+            await self._settle(out)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled from outside (a second signal, a caller's scope): give
+            # the batch back rather than leave it leased. Delivered messages
+            # are gone already and buried ones are skipped.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_GRACE):
+                await self.store.release([m.id for m in claimed], self.clock())
+            raise
         return len(claimed)
 
     def _admit(self, m: Message, out: _Outcomes) -> bool:
@@ -201,12 +243,16 @@ class Relay:
             self._metrics(m.topic).duration.observe(time.perf_counter() - started)
 
     def _time_out(self, ready: list[Message], out: _Outcomes) -> None:
-        """Record the handlers the deadline cancelled as failed deliveries."""
+        """Record the handlers the deadline cancelled: failed, or released when stopping."""
         settled = {m.id for m in out.acked}
         settled.update(m.id for m, _ in out.failed)
         settled.update(m.id for m, _ in out.buried)
+        unfinished = [m for m in ready if m.id not in settled]
+        if self._stopping:
+            out.released.extend(unfinished)
+            return
         reason = f"timed out after {format_duration(self.config.timeout)}"
-        out.failed.extend((m, reason) for m in ready if m.id not in settled)
+        out.failed.extend((m, reason) for m in unfinished)
 
     def _metrics(self, topic: str) -> _TopicMetrics:
         found = self._by_topic.get(topic)
@@ -220,6 +266,9 @@ class Relay:
             for m in out.acked:
                 self._metrics(m.topic).delivered.inc()
         now = self.clock()
+        if out.released:
+            await self.store.release([m.id for m in out.released], now)
+            log.info("released %d unfinished messages on stop", len(out.released))
         for m, reason in out.failed:
             if m.attempts >= self.config.max_attempts:
                 out.buried.append((m, f"{reason} (after {m.attempts} attempts)"))

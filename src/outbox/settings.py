@@ -66,8 +66,8 @@ class RelayConfig(BaseSettings):
         timeout = info.data.get("timeout")
         if timeout is not None and lease <= timeout:
             raise ValueError(
-                f"lease ({format_duration(lease)}) must outlast OUTBOX_TIMEOUT "
-                f"({format_duration(timeout)}), or a slow delivery can overlap its own retry"
+                f"must outlast OUTBOX_TIMEOUT ({format_duration(timeout)}), or a slow "
+                f"delivery can overlap its own retry; got {format_duration(lease)}"
             )
         return lease
 

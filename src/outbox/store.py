@@ -75,6 +75,15 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         """
         ...
 
+    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
+        """Hand leased messages back, due at ``now``, without counting the attempt.
+
+        For a relay that stops before it could finish them, so another relay
+        takes them without waiting for the lease to end. Buried or missing ids
+        are skipped; returns how many were released.
+        """
+        ...
+
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         """Return a message with its delivery state. Raises NotFound if it is not there."""
         ...

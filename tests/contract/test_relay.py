@@ -277,3 +277,95 @@ async def test_logs_name_message_but_never_payload(
     assert "attempt=1" in caplog.text
     assert "493817" not in caplog.text
     assert "someone@example.com" not in caplog.text
+
+
+async def run_until(relay: Relay, started: anyio.Event, then: Callable[[], None]) -> None:
+    """Run the relay's loop; once ``started`` is set call ``then``; return when run() does."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        with anyio.fail_after(5):
+            await started.wait()
+        then()
+
+
+async def test_stop_lets_in_flight_handlers_finish(store: Store[Any]) -> None:
+    f = Fixture(store, interval="10ms")
+    started, release = anyio.Event(), anyio.Event()
+
+    async def handle(m: Message) -> None:
+        started.set()
+        await release.wait()
+
+    f.handle = handle
+    m = await f.add()
+
+    def stop_then_finish() -> None:
+        f.relay.stop()
+        release.set()
+
+    with anyio.fail_after(5):
+        await run_until(f.relay, started, stop_then_finish)
+
+    with pytest.raises(NotFound):
+        await store.get(m.id)
+    assert f.relay.stopping
+
+
+async def test_stop_releases_what_outlives_the_deadline(store: Store[Any]) -> None:
+    f = Fixture(store, interval="10ms", timeout="100ms", lease="10s")
+    started = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    f.handle = handle
+    m = await f.add()
+
+    with anyio.fail_after(5):
+        await run_until(f.relay, started, f.relay.stop)
+
+    state = await store.get(m.id)
+    assert state.leased_until is None
+    assert state.due_at == f.now
+    assert state.message.attempts == 0
+    assert f.metric("outbox_retried_total") == 0
+
+
+async def test_cancelling_the_loop_hands_the_batch_back(store: Store[Any]) -> None:
+    f = Fixture(store, interval="10ms", lease="1m")
+    started = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    f.handle = handle
+    m = await f.add()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(f.relay.run)
+            await started.wait()
+            tg.cancel_scope.cancel()
+
+    state = await store.get(m.id)
+    assert state.leased_until is None
+    assert state.message.attempts == 0
+
+
+async def test_loop_reports_alive_while_it_polls(store: Store[Any]) -> None:
+    f = Fixture(store, interval="10ms")
+    delivered = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        delivered.set()
+
+    f.handle = handle
+    await f.add()
+
+    with anyio.fail_after(5):
+        await run_until(f.relay, delivered, f.relay.stop)
+
+    assert f.relay.alive()
+    assert f.relay.last_poll is not None

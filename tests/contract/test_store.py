@@ -240,3 +240,23 @@ async def test_claim_rejects_nonsense_arguments(
 ) -> None:
     with pytest.raises(ValueError, match="outbox: "):
         await store.claim(T0, lease, limit)
+
+
+async def test_release_hands_leased_messages_back_without_counting_the_attempt(
+    store: Store[Any],
+) -> None:
+    a, b, buried = msg(n=1), msg(n=2), msg(n=3)
+    await add(store, a, b, buried)
+    await store.claim(T0, LEASE, 10)
+    await store.bury(buried.id, "poison", at=T0)
+    later = T0 + dt.timedelta(seconds=3)
+
+    released = await store.release([a.id, b.id, buried.id, uuid.uuid4()], later)
+
+    assert released == 2
+    assert (await store.get(a.id)).leased_until is None
+    assert (await store.get(buried.id)).buried_at == T0
+    again = await store.claim(later, LEASE, 10)
+    assert sorted(m.id for m in again) == sorted([a.id, b.id])
+    assert {m.attempts for m in again} == {1}
+    assert await store.release([], later) == 0

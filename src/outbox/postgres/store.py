@@ -30,6 +30,7 @@ _ACK_MANY = QUERIES["message_ack_many"]
 _RETRY = QUERIES["message_retry"]
 _BURY = QUERIES["message_bury"]
 _GET = QUERIES["message_get"]
+_RELEASE = QUERIES["message_release"]
 
 
 def connect_pool(
@@ -113,10 +114,12 @@ class PostgresStore:
     async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
         if not message_ids:
             return 0
-        with _translated():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(_ACK_MANY, {"ids": list(message_ids)})
-                return cur.rowcount
+        return await self._count(_ACK_MANY, {"ids": list(message_ids)})
+
+    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
+        if not message_ids:
+            return 0
+        return await self._count(_RELEASE, {"ids": list(message_ids), "now": now})
 
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
         await self._change_one(_RETRY, {"id": message_id, "at": at, "reason": reason})
@@ -147,6 +150,12 @@ class PostgresStore:
             async with self.pool.connection() as conn:
                 cur = await conn.execute(query, params)
                 return await cur.fetchall()
+
+    async def _count(self, query: Any, params: dict[str, Any]) -> int:
+        with _translated():
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return cur.rowcount
 
     async def _change_one(self, query: Any, params: dict[str, Any]) -> None:
         with _translated():

@@ -57,6 +57,12 @@ UPDATE outbox_messages
 SET buried_at = %(at)s, leased_until = NULL, last_error = %(reason)s
 WHERE id = %(id)s;
 
+-- message_release --
+-- Hand leased messages back, due at %(now)s, without counting the attempt.
+UPDATE outbox_messages
+SET due_at = %(now)s, leased_until = NULL, attempts = greatest(attempts - 1, 0)
+WHERE id = ANY(%(ids)s) AND buried_at IS NULL;
+
 -- message_get --
 -- One message with its delivery state.
 SELECT id, topic, payload::text, created_at, attempts,
