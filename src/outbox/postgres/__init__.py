@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox.postgres.migrate import migrate
+from outbox.postgres.migrate import migrate, pending
 from outbox.postgres.store import PostgresStore, connect_pool
 
-__all__ = ["PostgresStore", "connect_pool", "migrate"]
+__all__ = ["PostgresStore", "connect_pool", "migrate", "pending"]

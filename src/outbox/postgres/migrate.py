@@ -9,12 +9,13 @@ second waits, then finds nothing left to do.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import psycopg
 
 from outbox.postgres.queries import migrations
 
-__all__ = ["migrate"]
+__all__ = ["migrate", "pending"]
 
 log = logging.getLogger("outbox.postgres")
 
@@ -53,3 +54,14 @@ async def migrate(conninfo: str) -> list[int]:
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
+
+
+async def pending(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+    """The shipped migrations that ``conn``'s database has not applied yet."""
+    cur = await conn.execute("SELECT to_regclass('outbox_schema_migrations') IS NOT NULL")
+    row = await cur.fetchone()
+    done: set[int] = set()
+    if row and row[0]:
+        cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
+        done = {r[0] for r in await cur.fetchall()}
+    return [version for version, _, _ in migrations() if version not in done]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import anyio
 import psycopg
 import psycopg_pool
 
@@ -51,15 +52,6 @@ def connect_pool(
     )
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Turn the driver's 'cannot reach the database' errors into StoreUnavailable."""
-    try:
-        yield
-    except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
-        raise StoreUnavailable(f"outbox: database unavailable: {type(exc).__name__}") from exc
-
-
 class PostgresStore:
     """A Store over a psycopg AsyncConnectionPool."""
 
@@ -67,11 +59,28 @@ class PostgresStore:
         self.pool = pool
 
     @asynccontextmanager
+    async def _translated(self) -> AsyncIterator[None]:
+        """Turn 'cannot reach the database' errors into StoreUnavailable.
+
+        A lost connection usually means every idle one in the pool is lost
+        too (the server restarted): check them all now, so the next call gets
+        a fresh connection instead of failing once per dead one.
+        """
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            with anyio.move_on_after(2):
+                with suppress(psycopg.Error):
+                    await self.pool.check()
+            raise StoreUnavailable(f"outbox: database unavailable: {_first_line(exc)}") from exc
+        except psycopg_pool.PoolTimeout as exc:
+            raise StoreUnavailable(f"outbox: database unavailable: {_first_line(exc)}") from exc
+
+    @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A pooled connection inside a transaction: commit on exit, roll back on error."""
-        with _translated():
-            async with self.pool.connection() as conn, conn.transaction():
-                yield conn
+        async with self._translated(), self.pool.connection() as conn, conn.transaction():
+            yield conn
 
     async def add(self, tx: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
         """Insert ``msgs`` through ``tx``, which must be inside the caller's transaction."""
@@ -146,20 +155,22 @@ class PostgresStore:
         )
 
     async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
-        with _translated():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                return await cur.fetchall()
+        async with self._translated(), self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
 
     async def _count(self, query: Any, params: dict[str, Any]) -> int:
-        with _translated():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                return cur.rowcount
+        async with self._translated(), self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return cur.rowcount
 
     async def _change_one(self, query: Any, params: dict[str, Any]) -> None:
-        with _translated():
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(query, params)
-                if cur.rowcount == 0:
-                    raise NotFound(params["id"])
+        async with self._translated(), self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            if cur.rowcount == 0:
+                raise NotFound(params["id"])
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,182 @@
+"""The relay process: database, pool, relay loop, HTTP endpoints and signals.
+
+Shutdown is graceful on the first SIGTERM or SIGINT: claiming stops at once,
+handlers in flight finish within the handler timeout, what they could not
+finish is released for another relay, the pool closes and the process exits
+0. A second signal cancels everything at once (the batch in hand is still
+handed back, within two seconds) and exits 130 or 143.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import psycopg
+
+from outbox.durations import format_duration
+from outbox.embedded import EmbeddedPostgres
+from outbox.errors import OutboxError
+from outbox.http import ProbeServer
+from outbox.logs import redact
+from outbox.postgres import PostgresStore, connect_pool, migrate, pending
+from outbox.relay import Handler, Relay
+from outbox.settings import RelayConfig, ServiceSettings
+
+__all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
+
+log = logging.getLogger("outbox.service")
+
+_CONNECT_TIMEOUT = 10
+
+
+class StartupError(OutboxError):
+    """The process cannot start: the database is unreachable or not migrated."""
+
+
+class ForcedExit(OutboxError):
+    """A second signal asked to exit at once."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"exiting at once on second {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+@asynccontextmanager
+async def database(
+    settings: ServiceSettings, *, migrate_embedded: bool = True
+) -> AsyncIterator[str]:
+    """Yield the conninfo to use: OUTBOX_DATABASE_URL, or an embedded server we start.
+
+    The embedded server is migrated, announced in one log line and stopped on exit.
+    """
+    if settings.database_url is not None:
+        url = settings.database_url.get_secret_value()
+        await _check_reachable(url)
+        yield url
+        return
+    server = EmbeddedPostgres(settings.data_dir / "pgdata")
+    try:
+        url = await anyio.to_thread.run_sync(server.start)
+    except Exception as exc:
+        raise StartupError(
+            f"OUTBOX_DATA_DIR: cannot start embedded PostgreSQL in {server.data_dir}: {exc}"
+        ) from exc
+    try:
+        if migrate_embedded:
+            await migrate(url)
+        log.info(
+            "no OUTBOX_DATABASE_URL: using embedded PostgreSQL with data in %s", server.data_dir
+        )
+        yield url
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(server.stop)
+        log.info("embedded PostgreSQL stopped")
+
+
+async def _check_reachable(url: str) -> None:
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT)
+    except psycopg.Error as exc:
+        reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        raise StartupError(f"OUTBOX_DATABASE_URL: cannot connect: {reason}") from None
+    await conn.close()
+
+
+async def _check_migrated(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
+        missing = await pending(c)
+    if missing:
+        raise StartupError(
+            f"OUTBOX_DATABASE_URL: schema lacks migrations {missing}: run `outbox migrate` first"
+        )
+
+
+async def run_relay(
+    settings: ServiceSettings, config: RelayConfig, handlers: Mapping[str, Handler]
+) -> None:
+    """Run one relay process until a signal stops it."""
+    async with anyio.create_task_group() as tg:
+        shutdown = _Shutdown(tg.cancel_scope)
+        tg.start_soon(shutdown.watch)
+        try:
+            async with database(settings) as url:
+                await _check_migrated(url)
+                await _serve(url, settings, config, handlers, shutdown)
+        finally:
+            tg.cancel_scope.cancel()
+    if shutdown.forced is not None:
+        raise ForcedExit(shutdown.forced)
+
+
+async def _serve(
+    url: str,
+    settings: ServiceSettings,
+    config: RelayConfig,
+    handlers: Mapping[str, Handler],
+    shutdown: _Shutdown,
+) -> None:
+    async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
+        relay = Relay(PostgresStore(pool), handlers, config)
+        shutdown.relay = relay
+
+        async def ready() -> bool:
+            if relay.stopping:
+                return False
+            with anyio.move_on_after(2):
+                try:
+                    async with pool.connection(timeout=2) as conn:
+                        await conn.execute("SELECT 1")
+                    return True
+                except Exception:
+                    return False
+            return False
+
+        probes = ProbeServer(settings.http_host, settings.http_port, alive=relay.alive, ready=ready)
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(probes.serve)
+            log.info(
+                "relay started: topics=%s batch=%d interval=%s http=%s:%d",
+                ",".join(sorted(handlers)),
+                config.batch,
+                format_duration(config.interval),
+                settings.http_host,
+                port,
+            )
+            if shutdown.requested:
+                relay.stop()
+            await relay.run()
+            tg.cancel_scope.cancel()
+    log.info("relay stopped; pool closed")
+
+
+class _Shutdown:
+    """First signal: stop the relay gracefully. Second: cancel everything."""
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+        self.relay: Relay | None = None
+        self.requested = False
+        self.forced: int | None = None
+
+    async def watch(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if self.requested:
+                    log.warning("second %s: exiting at once", name)
+                    self.forced = signum
+                    self.scope.cancel()
+                    return
+                self.requested = True
+                if self.relay is None:
+                    log.info("%s before the relay started: exiting", name)
+                    self.scope.cancel()
+                    return
+                log.info("%s: stopping; in-flight deliveries get up to the timeout", name)
+                self.relay.stop()

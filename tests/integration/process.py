@@ -1,0 +1,157 @@
+"""Start and drive real ``outbox`` processes for the tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import psycopg
+
+from outbox import new_message
+from outbox.postgres import PostgresStore, connect_pool
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def outbox_env(**settings: str) -> dict[str, str]:
+    """This process's environment without OUTBOX_* settings, plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(settings)
+    return env
+
+
+def run_outbox(
+    *args: str, timeout: float = 60, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``outbox ARGS`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.cli", *args],
+        env=outbox_env(**settings),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class RelayProcess:
+    """``outbox relay`` in a subprocess, its logs in a file, its HTTP port known."""
+
+    def __init__(self, log_dir: Path, **settings: str) -> None:
+        self.port = free_port()
+        self.log_path = log_dir / f"relay-{self.port}.log"
+        env = outbox_env(
+            OUTBOX_HTTP_HOST="127.0.0.1",
+            OUTBOX_HTTP_PORT=str(self.port),
+            OUTBOX_LOG_FORMAT="json",
+            **settings,
+        )
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "outbox.cli", "relay"],
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def log_records(self) -> list[dict[str, str]]:
+        return [json.loads(line) for line in self.log.splitlines() if line.startswith("{")]
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def status(self, path: str) -> int | None:
+        try:
+            return self.get(path)[0]
+        except OSError:
+            return None
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"relay exited with {self.proc.returncode}:\n{self.log}")
+            return self.status("/readyz") == 200
+
+        wait_until("the relay to be ready", ready, timeout)
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def add_messages(conninfo: str, topic: str, n: int) -> list[uuid.UUID]:
+    """Add ``n`` messages for ``topic`` in one transaction; return their ids."""
+    msgs = [new_message(topic, {"n": i, "code": "493817"}, _now()) for i in range(n)]
+
+    async def add() -> None:
+        async with connect_pool(conninfo, max_size=1) as pool:
+            store = PostgresStore(pool)
+            async with store.begin() as tx:
+                await store.add(tx, *msgs)
+
+    anyio.run(add)
+    return [m.id for m in msgs]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def query(conninfo: str, sql: str) -> list[tuple[object, ...]]:
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        cur = conn.execute(sql.encode())
+        return cur.fetchall() if cur.description else []
+
+
+def count(conninfo: str, sql: str) -> int:
+    value = query(conninfo, sql)[0][0]
+    assert isinstance(value, int)
+    return value

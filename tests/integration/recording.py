@@ -1,0 +1,55 @@
+"""Handlers for relay processes under test: each delivery is recorded in PostgreSQL.
+
+A relay started with OUTBOX_HANDLERS=tests.integration.recording:handlers
+inserts one row into ``deliveries`` (message id, its pid, attempt) per call,
+through its own connection, before the relay acks. RECORDING_DELAY slows each
+delivery down so that a test can interrupt a run in the middle.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+import psycopg
+
+from outbox import Message
+
+TOPIC = "test.record"
+DDL = """
+CREATE TABLE IF NOT EXISTS deliveries (
+    message_id uuid    NOT NULL,
+    pid        integer NOT NULL,
+    attempt    integer NOT NULL
+)
+"""
+
+_conn: psycopg.AsyncConnection[Any] | None = None
+_lock: anyio.Lock | None = None
+
+
+async def record(m: Message) -> None:
+    global _conn, _lock
+    if _lock is None:
+        _lock = anyio.Lock()
+    async with _lock:
+        if _conn is None or _conn.closed:
+            _conn = await psycopg.AsyncConnection.connect(
+                os.environ["OUTBOX_DATABASE_URL"], autocommit=True
+            )
+        try:
+            await _conn.execute(
+                "INSERT INTO deliveries (message_id, pid, attempt) VALUES (%s, %s, %s)",
+                (m.id, os.getpid(), m.attempts),
+            )
+        except psycopg.OperationalError:
+            await _conn.close()
+            raise
+    delay = float(os.environ.get("RECORDING_DELAY", "0"))
+    if delay:
+        await anyio.sleep(delay)
+
+
+def handlers() -> dict[str, Any]:
+    return {TOPIC: record}
