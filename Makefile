@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 ## demo: install, then add and deliver a few messages on an embedded PostgreSQL
 demo: $(STAMP)
-	$(BIN)/python -m outbox.demo
+	$(BIN)/outbox demo
 
 ## test: install, then lint, type-check and run the whole suite
 test: lint

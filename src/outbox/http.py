@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 __all__ = ["ProbeServer"]
 
@@ -72,7 +72,8 @@ class ProbeServer:
             return 405, "text/plain", b"method not allowed\n"
         path = path.split("?", 1)[0]
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            # The classic text format (0.0.4): every Prometheus 2.x scrapes it.
+            return 200, CONTENT_TYPE_PLAIN_0_0_4, generate_latest(self.registry)
         if path == "/healthz":
             if self.alive():
                 return 200, "text/plain", b"ok\n"
