@@ -75,7 +75,7 @@ async def _tour(url: str) -> dict[str, Any]:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(relay.run)
                 await all_delivered.wait()
-                tg.cancel_scope.cancel()
+                relay.stop()  # returns once the batch in hand is acked
         async with pool.connection() as conn:
             cur = await conn.execute("SELECT count(*) FROM demo_orders")
             orders = (await cur.fetchone() or [0])[0]
