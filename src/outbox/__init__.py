@@ -10,6 +10,7 @@ from __future__ import annotations
 from outbox import uow
 from outbox.errors import (
     ConfigError,
+    Dropped,
     EncodeError,
     NotFound,
     OutboxError,
@@ -24,6 +25,7 @@ from outbox.store import Store, StoredMessage
 __all__ = [
     "Clock",
     "ConfigError",
+    "Dropped",
     "EncodeError",
     "Handler",
     "Message",

@@ -22,7 +22,14 @@ from outbox import logs
 from outbox.errors import ConfigError, OutboxError
 from outbox.handlers import log_handler
 from outbox.relay import Handler
-from outbox.settings import RelayConfig, ServiceSettings, config_error, load, variables
+from outbox.settings import (
+    RelayConfig,
+    ServiceSettings,
+    SmtpSettings,
+    config_error,
+    load,
+    variables,
+)
 
 __all__ = ["main"]
 
@@ -69,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
             "finish within OUTBOX_TIMEOUT and unfinished messages are handed back.",
             78,
         ),
-        epilog=_settings_help(ServiceSettings, RelayConfig),
+        epilog=_settings_help(ServiceSettings, RelayConfig, SmtpSettings),
         formatter_class=formatter,
     )
     relay.set_defaults(func=_relay)
@@ -140,7 +147,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    rows = variables(ServiceSettings, RelayConfig)
+    rows = variables(ServiceSettings, RelayConfig, SmtpSettings)
     if args.markdown:
         print("| variable | default | meaning |\n| --- | --- | --- |")
         for name, default, description in rows:
@@ -155,8 +162,14 @@ def _env(args: argparse.Namespace) -> int:
 def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
     """The handlers this relay enables: the application's, then the log handler's topics."""
     handlers: dict[str, Handler] = {}
+    smtp = load(SmtpSettings)
+    if smtp.enabled:
+        from outbox.user.mail import mail_handlers
+
+        handlers.update(mail_handlers(smtp))
     if settings.handlers:
-        handlers.update(_import_handlers(settings.handlers))
+        for topic, handler in _import_handlers(settings.handlers).items():
+            handlers[topic] = handler  # the application's own win over built-in ones
     for topic in settings.topics_to_log():
         if topic in handlers:
             raise ConfigError("OUTBOX_LOG_TOPICS", f"{topic} already has a handler")
@@ -165,7 +178,7 @@ def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
         raise ConfigError(
             "OUTBOX_HANDLERS",
             "no handlers enabled; a relay without them would bury every message it claims "
-            "(set OUTBOX_HANDLERS=module:attribute or OUTBOX_LOG_TOPICS=topic,...)",
+            "(set OUTBOX_SMTP_HOST, OUTBOX_HANDLERS=module:attribute or OUTBOX_LOG_TOPICS)",
         )
     return handlers
 

@@ -11,6 +11,7 @@ import uuid
 
 __all__ = [
     "ConfigError",
+    "Dropped",
     "EncodeError",
     "NotFound",
     "OutboxError",
@@ -45,6 +46,19 @@ class Permanent(OutboxError):
 
     A mail server that answers 550 for an unknown mailbox will answer the same
     in five minutes; trying eight times only delays the operator's alert.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Dropped(OutboxError):
+    """Raised by a handler: this message no longer needs delivering; ack it unsent.
+
+    A sign-in link that expired before its email went out would only fail; the
+    relay acks it and counts it in outbox_dropped_total{topic,reason}.
+    ``reason`` is a short label (``expired``), used as a metric label.
     """
 
     def __init__(self, reason: str) -> None:

@@ -25,6 +25,7 @@ class RelayMetrics:
     delivered: Counter
     buried: Counter
     retried: Counter
+    dropped: Counter
     duration: Histogram
 
     @classmethod
@@ -54,6 +55,12 @@ class RelayMetrics:
             "outbox_retried",
             "Deliveries that failed and were scheduled again.",
             ["topic"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "outbox_dropped",
+            "Messages acked unsent because they no longer needed delivering.",
+            ["topic", "reason"],
             registry=registry,
         )
         self.duration = Histogram(

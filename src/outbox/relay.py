@@ -26,7 +26,7 @@ import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.durations import format_duration
-from outbox.errors import Permanent, StoreUnavailable
+from outbox.errors import Dropped, Permanent, StoreUnavailable
 from outbox.message import Message, validate_topic
 from outbox.metrics import RelayMetrics
 from outbox.settings import RelayConfig
@@ -74,6 +74,7 @@ class _Outcomes:
     failed: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     buried: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     released: list[Message] = dataclasses.field(default_factory=list)
+    dropped: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
 
 
 class _TopicMetrics:
@@ -235,6 +236,9 @@ class Relay:
             await self.handlers[m.topic](m)
         except Permanent as exc:
             out.buried.append((m, f"permanent: {exc.reason}"))
+        except Dropped as exc:
+            out.acked.append(m)
+            out.dropped.append((m, exc.reason))
         except Exception as exc:
             out.failed.append((m, f"{type(exc).__name__}: {exc}"))
         else:
@@ -263,8 +267,16 @@ class Relay:
     async def _settle(self, out: _Outcomes) -> None:
         if out.acked:
             await self.store.ack_many([m.id for m in out.acked])
+            dropped = {m.id for m, _ in out.dropped}
             for m in out.acked:
-                self._metrics(m.topic).delivered.inc()
+                if m.id not in dropped:
+                    self._metrics(m.topic).delivered.inc()
+            if log.isEnabledFor(logging.DEBUG):
+                for m in out.acked:
+                    log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
+            for m, reason in out.dropped:
+                self.metrics.dropped.labels(m.topic, reason).inc()
+                log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
         now = self.clock()
         if out.released:
             await self.store.release([m.id for m in out.released], now)

@@ -31,6 +31,7 @@ __all__ = [
     "Duration",
     "RelayConfig",
     "ServiceSettings",
+    "SmtpSettings",
     "config_error",
     "load",
     "variables",
@@ -181,3 +182,55 @@ def variables(*models: type[BaseSettings]) -> list[tuple[str, str, str]]:
                 shown = str(default)
             rows.append((f"{prefix}{name}".upper(), shown, field.description or ""))
     return rows
+
+
+class SmtpSettings(BaseSettings):
+    """Where the mail handlers send email. Mail is enabled when OUTBOX_SMTP_HOST is set."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}SMTP_", extra="ignore", frozen=True)
+
+    host: str | None = Field(
+        default=None, description="SMTP server; set it to enable the mail handlers."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="SMTP port. Default: 25 without TLS, 587 for starttls, 465 for tls.",
+    )
+    username: str | None = Field(default=None, description="SMTP user, if the server wants AUTH.")
+    password: SecretStr | None = Field(default=None, description="SMTP password (a secret).")
+    tls: Annotated[Literal["none", "starttls", "tls"], BeforeValidator(_lower)] = Field(
+        default="starttls",
+        description="none, starttls (upgrade a plain connection) or tls (implicit TLS).",
+    )
+    ca_file: Path | None = Field(
+        default=None, description="PEM file of extra CAs to trust for the server's certificate."
+    )
+    from_address: str = Field(
+        default="outbox@localhost",
+        pattern=r"^[^\s@<>]+@[^\s@<>]+$",
+        description="Sender address of every email.",
+    )
+    message_id_domain: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9.-]+$",
+        description="Domain of Message-IDs (<message-id@domain>). Default: the sender's.",
+    )
+    timeout: Duration = Field(
+        default=dt.timedelta(seconds=20),
+        gt=dt.timedelta(0),
+        description="Longest wait for the SMTP server at each step.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.host)
+
+    def effective_port(self) -> int:
+        if self.port is not None:
+            return self.port
+        return {"none": 25, "starttls": 587, "tls": 465}[self.tls]
+
+    def domain(self) -> str:
+        return self.message_id_domain or self.from_address.rpartition("@")[2]

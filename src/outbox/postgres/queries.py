@@ -10,13 +10,14 @@ import re
 from importlib import resources
 from typing import LiteralString
 
-__all__ = ["QUERIES", "migrations"]
+__all__ = ["QUERIES", "load_queries", "migrations"]
 
 _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
 
-def _load() -> dict[str, LiteralString]:
-    text = resources.files(__package__).joinpath("sql/queries.sql").read_text("utf-8")
+def load_queries(package: str) -> dict[str, LiteralString]:
+    """The queries in ``package``'s sql/queries.sql, by name."""
+    text = resources.files(package).joinpath("sql/queries.sql").read_text("utf-8")
     parts = _HEADER.split(text)
     # The file is part of the package, so its text is as literal as a string
     # in the source.
@@ -26,7 +27,7 @@ def _load() -> dict[str, LiteralString]:
     return queries
 
 
-QUERIES = _load()
+QUERIES = load_queries(__package__)
 
 
 def migrations() -> list[tuple[int, str, LiteralString]]:

@@ -1,0 +1,1 @@
+"""The user domain: accounts whose changes send mail through the outbox."""

@@ -1,0 +1,178 @@
+"""Mail handlers: turn mail.* messages into emails and send them over SMTP.
+
+Delivery is at least once, so a message can be sent twice (a relay that
+crashed after sending, before acking). Every email's Message-ID is built from
+the outbox message id, so a resend is recognisably the same email. A link that
+expired before its email went out is dropped, not sent. The payload holds
+one-time codes: it is never logged, and errors never quote it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import html
+import ssl
+from email.message import EmailMessage
+from typing import TypeVar
+
+import aiosmtplib
+from pydantic import BaseModel, ValidationError
+
+from outbox.errors import Dropped, Permanent
+from outbox.message import Message
+from outbox.relay import Clock, Handler, system_clock
+from outbox.settings import SmtpSettings
+from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
+
+__all__ = ["SmtpSender", "compose_email_change", "compose_login_link", "mail_handlers"]
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class SmtpSender:
+    """Sends one email per connection; 5xx replies become Permanent."""
+
+    def __init__(self, settings: SmtpSettings) -> None:
+        if not settings.host:
+            raise ValueError("outbox: SMTP is not configured (OUTBOX_SMTP_HOST)")
+        self.settings = settings
+        self.host = settings.host
+        self._tls_context: ssl.SSLContext | None = None
+        if settings.tls != "none":
+            self._tls_context = ssl.create_default_context(
+                cafile=str(settings.ca_file) if settings.ca_file else None
+            )
+
+    async def send(self, mail: EmailMessage) -> None:
+        s = self.settings
+        try:
+            await aiosmtplib.send(
+                mail,
+                hostname=self.host,
+                port=s.effective_port(),
+                username=s.username,
+                password=s.password.get_secret_value() if s.password else None,
+                use_tls=s.tls == "tls",
+                start_tls=s.tls == "starttls",
+                tls_context=self._tls_context,
+                timeout=s.timeout.total_seconds(),
+            )
+        except aiosmtplib.SMTPRecipientsRefused as exc:
+            replies = "; ".join(f"{r.code} {r.message}" for r in exc.recipients)
+            if all(r.code >= 500 for r in exc.recipients):
+                raise Permanent(f"smtp: recipients refused: {replies}") from exc
+            raise aiosmtplib.SMTPException(f"recipients refused: {replies}") from exc
+        except aiosmtplib.SMTPResponseException as exc:
+            if exc.code >= 500:
+                raise Permanent(f"smtp: {exc.code} {exc.message}") from exc
+            raise
+
+
+def _headers(
+    mail: EmailMessage, *, sender: str, to: str, subject: str, m: Message, domain: str, clock: Clock
+) -> None:
+    for name, value in (("to", to), ("subject", subject)):
+        if "\r" in value or "\n" in value:
+            raise Permanent(f"refusing to send: CR/LF in the {name} header (header injection)")
+    mail["From"] = sender
+    mail["To"] = to
+    mail["Subject"] = subject
+    mail["Date"] = email.utils.format_datetime(clock())
+    mail["Message-ID"] = f"<{m.id}@{domain}>"
+    mail["Outbox-Topic"] = m.topic
+
+
+def _when(p: LoginLink | EmailChange) -> str:
+    return p.expires_at.strftime("%Y-%m-%d %H:%M %Z")
+
+
+def compose_login_link(
+    m: Message, p: LoginLink, settings: SmtpSettings, clock: Clock
+) -> EmailMessage:
+    """The sign-in email: link and code, as plain text and HTML."""
+    mail = EmailMessage()
+    _headers(
+        mail,
+        sender=settings.from_address,
+        to=p.to,
+        subject="Your sign-in link",
+        m=m,
+        domain=settings.domain(),
+        clock=clock,
+    )
+    mail.set_content(
+        f"Hello,\n\nSign in with this link:\n\n  {p.link}\n\n"
+        f"or enter this code: {p.code}\n\nBoth work once, until {_when(p)}.\n"
+        "If you did not ask to sign in, ignore this email.\n"
+    )
+    mail.add_alternative(
+        "<p>Hello,</p>"
+        f'<p><a href="{html.escape(p.link)}">Sign in</a> or enter this code: '
+        f"<strong>{html.escape(p.code)}</strong></p>"
+        f"<p>Both work once, until {html.escape(_when(p))}.</p>"
+        "<p>If you did not ask to sign in, ignore this email.</p>",
+        subtype="html",
+    )
+    return mail
+
+
+def compose_email_change(
+    m: Message, p: EmailChange, settings: SmtpSettings, clock: Clock
+) -> EmailMessage:
+    """The confirmation email to the new address, as plain text and HTML."""
+    mail = EmailMessage()
+    _headers(
+        mail,
+        sender=settings.from_address,
+        to=p.to,
+        subject="Confirm your new email address",
+        m=m,
+        domain=settings.domain(),
+        clock=clock,
+    )
+    mail.set_content(
+        f"Hello,\n\nYou asked to change your account's email from {p.previous} to this "
+        f"address. Confirm it with this link:\n\n  {p.link}\n\n"
+        f"It works once, until {_when(p)}.\nIf you did not ask for this, ignore this email.\n"
+    )
+    mail.add_alternative(
+        f"<p>Hello,</p><p>You asked to change your account's email from "
+        f"{html.escape(p.previous)} to this address.</p>"
+        f'<p><a href="{html.escape(p.link)}">Confirm the new address</a></p>'
+        f"<p>It works once, until {html.escape(_when(p))}.</p>"
+        "<p>If you did not ask for this, ignore this email.</p>",
+        subtype="html",
+    )
+    return mail
+
+
+def _payload(m: Message, model: type[P]) -> P:
+    try:
+        return model.model_validate_json(m.payload)
+    except ValidationError as exc:
+        # The error's own text would quote the payload (and its code).
+        fields = ", ".join(".".join(map(str, e["loc"])) for e in exc.errors(include_input=False))
+        raise Permanent(f"payload is not a valid {model.__name__} (fields: {fields})") from None
+
+
+def mail_handlers(
+    settings: SmtpSettings,
+    *,
+    clock: Clock = system_clock,
+) -> dict[str, Handler]:
+    """The handlers of the mail topics, sending through ``settings``' server."""
+    smtp = SmtpSender(settings)
+
+    async def login_link(m: Message) -> None:
+        p = _payload(m, LoginLink)
+        if p.expires_at <= clock():
+            raise Dropped("expired")
+        await smtp.send(compose_login_link(m, p, settings, clock))
+
+    async def email_change(m: Message) -> None:
+        p = _payload(m, EmailChange)
+        if p.expires_at <= clock():
+            raise Dropped("expired")
+        await smtp.send(compose_email_change(m, p, settings, clock))
+
+    return {LOGIN_LINK: login_link, EMAIL_CHANGE: email_change}
