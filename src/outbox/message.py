@@ -51,7 +51,7 @@ def validate_topic(topic: str) -> str:
         raise ValueError(f"outbox: topic is {len(topic)} characters, at most {TOPIC_MAX_LENGTH}")
     if not _TOPIC.fullmatch(topic):
         raise ValueError(
-            f"outbox: topic {topic!r} must match [a-z0-9][a-z0-9._-]* (like mail.login_link)"
+            f"outbox: topic {topic!r} must match [a-z0-9][a-z0-9._-]* (like orders.placed)"
         )
     return topic
 

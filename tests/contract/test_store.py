@@ -21,12 +21,12 @@ async def add(store: Store[Any], *msgs: Message) -> None:
         await store.add(tx, *msgs)
 
 
-def msg(topic: str = "mail.login_link", at: dt.datetime = T0, **payload: Any) -> Message:
+def msg(topic: str = "orders.placed", at: dt.datetime = T0, **payload: Any) -> Message:
     return new_message(topic, payload or {"to": "a@example.com"}, at)
 
 
 async def test_claim_returns_committed_message_with_same_bytes(store: Store[Any]) -> None:
-    m = new_message("mail.login_link", {"to": "zoë@example.com", "n": [1, 2.5, None]}, T0)
+    m = new_message("orders.placed", {"to": "zoë@example.com", "n": [1, 2.5, None]}, T0)
     await add(store, m)
 
     [got] = await store.claim(T0, LEASE, 10)

@@ -321,3 +321,22 @@ async def test_email_change_refuses_taken_addresses_and_unknown_accounts(
         )
     with pytest.raises(ValueError, match="not an email address"):
         await request_login_link(pg_store, "no-at-sign", now=T0, link_base=BASE)
+
+
+async def test_implicit_tls(pg_store: PostgresStore, certificate: tuple[Path, Path]) -> None:
+    from aiosmtpd.controller import Controller
+
+    cert, key = certificate
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    inbox, port = Inbox(), free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port, ssl_context=context)
+    controller.start()
+    try:
+        mail = Mail(pg_store, smtp_settings(port, tls="tls", ca_file=cert))
+        m = await request_login_link(pg_store, "quinn@example.com", now=T0, link_base=BASE)
+        await mail.drain()
+    finally:
+        controller.stop()
+
+    assert [x["Message-ID"] for x in inbox.mails] == [f"<{m.id}@app.example.com>"]

@@ -26,7 +26,7 @@ class Change:
 
 
 def test_payload_is_compact_utf8_json() -> None:
-    m = new_message("mail.login_link", {"to": "zoë@example.com", "n": [1, 2]}, NOW)
+    m = new_message("orders.placed", {"to": "zoë@example.com", "n": [1, 2]}, NOW)
 
     assert m.payload == '{"to":"zoë@example.com","n":[1,2]}'.encode()
     assert m.json() == {"to": "zoë@example.com", "n": [1, 2]}
@@ -72,9 +72,9 @@ def test_created_at_is_utc_truncated_to_milliseconds() -> None:
 )
 def test_unencodable_payload_raises_encode_error(payload: object) -> None:
     with pytest.raises(EncodeError) as info:
-        new_message("mail.login_link", payload, NOW)
+        new_message("orders.placed", payload, NOW)
 
-    assert str(info.value).startswith("outbox: encode mail.login_link:")
+    assert str(info.value).startswith("outbox: encode orders.placed:")
     assert isinstance(info.value, ValueError)
 
 
@@ -99,7 +99,7 @@ def test_bad_topics_are_refused(topic: str, complaint: str) -> None:
         new_message(topic, {}, NOW)
 
 
-@pytest.mark.parametrize("topic", ["a", "mail.login_link", "0-x_y.z", "a" * 200])
+@pytest.mark.parametrize("topic", ["a", "orders.placed", "0-x_y.z", "a" * 200])
 def test_good_topics_are_accepted(topic: str) -> None:
     assert new_message(topic, {}, NOW).topic == topic
 
