@@ -7,21 +7,26 @@ on stderr and a non-zero exit: 2 for configuration and usage, 1 for the rest.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib
 import logging
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import anyio
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from outbox import logs
-from outbox.errors import ConfigError, OutboxError
+from outbox import admin, logs
+from outbox.durations import parse_duration
+from outbox.errors import ConfigError, NotFound, OutboxError
 from outbox.handlers import log_handler
-from outbox.relay import Handler
+from outbox.message import validate_topic
+from outbox.postgres import PostgresStore, connect_pool
+from outbox.relay import Handler, system_clock
 from outbox.settings import (
     RelayConfig,
     ServiceSettings,
@@ -99,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(func=_demo)
 
+    _buried_parser(commands, formatter)
+
     env = commands.add_parser(
         "env",
         help="list every OUTBOX_* variable with its default",
@@ -107,6 +114,130 @@ def _parser() -> argparse.ArgumentParser:
     env.add_argument("--markdown", action="store_true", help="as a Markdown table")
     env.set_defaults(func=_env)
     return parser
+
+
+def _duration(text: str) -> dt.timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _uuid(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a message id (a UUID)") from None
+
+
+def _topic(text: str) -> str:
+    try:
+        return validate_topic(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("outbox: ")) from None
+
+
+def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    buried = commands.add_parser(
+        "buried",
+        help="inspect, requeue and purge buried messages",
+        description=(
+            "What to run when OutboxMessagesBuried fires. Reads the same settings as the relay."
+        ),
+        epilog=_settings_help(ServiceSettings, only=_DATABASE),
+        formatter_class=formatter,
+    )
+    actions = buried.add_subparsers(dest="action", required=True, parser_class=_Parser)
+
+    ls = actions.add_parser("list", help="buried messages, newest first")
+    ls.add_argument("--topic", type=_topic, help="only this topic")
+    ls.add_argument("--since", type=_duration, help="only those buried within this long (1h, 7d)")
+    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    ls.add_argument("--output", choices=("table", "json"), default="table")
+    ls.set_defaults(func=_buried_list)
+
+    show = actions.add_parser("show", help="every field of one message")
+    show.add_argument("id", type=_uuid)
+    show.add_argument(
+        "--payload", action="store_true", help="print the payload too (it can hold one-time codes)"
+    )
+    show.add_argument("--output", choices=("text", "json"), default="text")
+    show.set_defaults(func=_buried_show)
+
+    requeue = actions.add_parser(
+        "requeue", help="make buried messages due now, attempts reset (last error kept)"
+    )
+    requeue.add_argument("ids", nargs="*", type=_uuid, metavar="ID")
+    requeue.add_argument("--topic", type=_topic, help="every buried message of this topic")
+    requeue.add_argument("--all", action="store_true", help="every buried message")
+    requeue.add_argument("--dry-run", action="store_true", help="say what would change")
+    requeue.add_argument("--yes", action="store_true", help="do not ask before --all")
+    requeue.set_defaults(func=_buried_requeue)
+
+    purge = actions.add_parser("purge", help="delete buried messages past retention")
+    purge.add_argument(
+        "--older-than", type=_duration, required=True, help="buried longer ago than this (7d)"
+    )
+    purge.add_argument("--topic", type=_topic, help="only this topic")
+    purge.add_argument("--dry-run", action="store_true", help="say what would be deleted")
+    purge.add_argument("--yes", action="store_true", help="do not ask")
+    purge.set_defaults(func=_buried_purge)
+
+
+def _with_store(work: Callable[[PostgresStore], Awaitable[object]]) -> int:
+    """Run ``work`` on a store over the configured (or embedded) database."""
+    from outbox.service import database
+
+    settings = load(ServiceSettings)
+    level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
+    logs.configure(level, settings.log_format)
+
+    async def run() -> None:
+        async with database(settings) as url, connect_pool(url, max_size=2) as pool:
+            await work(PostgresStore(pool))
+
+    anyio.run(run)
+    return 0
+
+
+def _buried_list(args: argparse.Namespace) -> int:
+    since = None if args.since is None else system_clock() - args.since
+    return _with_store(
+        lambda store: admin.list_buried(
+            store, topic=args.topic, since=since, limit=args.limit, output=args.output
+        )
+    )
+
+
+def _buried_show(args: argparse.Namespace) -> int:
+    return _with_store(
+        lambda store: admin.show(store, args.id, payload=args.payload, output=args.output)
+    )
+
+
+def _buried_requeue(args: argparse.Namespace) -> int:
+    chosen = sum((bool(args.ids), args.topic is not None, args.all))
+    if chosen != 1:
+        raise ConfigError("requeue", "name message ids, or --topic T, or --all (one of them)")
+    return _with_store(
+        lambda store: admin.requeue(
+            store,
+            system_clock(),
+            ids=args.ids or None,
+            topic=args.topic,
+            dry_run=args.dry_run,
+            yes=args.yes,
+        )
+    )
+
+
+def _buried_purge(args: argparse.Namespace) -> int:
+    before = system_clock() - args.older_than
+    return _with_store(
+        lambda store: admin.purge(
+            store, before, topic=args.topic, dry_run=args.dry_run, yes=args.yes
+        )
+    )
 
 
 def _service_settings() -> ServiceSettings:
@@ -206,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``outbox`` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    prog = f"outbox {args.command}"
+    prog = " ".join(["outbox", args.command, *([args.action] if "action" in args else [])])
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -214,8 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc = _one_error(raw)
         if isinstance(exc, ValidationError):
             exc = config_error(ServiceSettings, exc)
-        if isinstance(exc, ConfigError):
-            print(f"{prog}: {exc}", file=sys.stderr)
+        if isinstance(exc, ConfigError | NotFound):
+            print(f"{prog}: {str(exc).removeprefix('outbox: ')}", file=sys.stderr)
             return 2
         from outbox.service import ForcedExit
 

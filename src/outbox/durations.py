@@ -14,13 +14,14 @@ _UNITS = {
     "s": dt.timedelta(seconds=1),
     "m": dt.timedelta(minutes=1),
     "h": dt.timedelta(hours=1),
+    "d": dt.timedelta(days=1),
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(us|µs|ms|s|m|h)")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(us|µs|ms|s|m|h|d)")
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
 def parse_duration(text: str | float | dt.timedelta) -> dt.timedelta:
-    """Parse ``1s``, ``250ms``, ``1m30s``, ``1.5h`` or plain seconds (``30``, ``0.5``).
+    """Parse ``1s``, ``250ms``, ``1m30s``, ``1.5h``, ``7d`` or plain seconds (``30``, ``0.5``).
 
     Raises ValueError for anything else, including negative durations.
     """
@@ -41,7 +42,8 @@ def parse_duration(text: str | float | dt.timedelta) -> dt.timedelta:
                 pos = match.end()
             if pos != len(s) or not s:
                 raise ValueError(
-                    f"{text!r} is not a duration (examples: 250ms, 30s, 2m, 1m30s, 1h, or seconds)"
+                    f"{text!r} is not a duration "
+                    "(examples: 250ms, 30s, 2m, 1m30s, 1h, 7d, or seconds)"
                 )
     if value < dt.timedelta(0):
         raise ValueError(f"{text!r} is negative")

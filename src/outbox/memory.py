@@ -14,10 +14,11 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from outbox.errors import NotFound
 from outbox.message import Message
-from outbox.store import StoredMessage, check_claim
+from outbox.store import StoredMessage, TopicStats, check_claim
 
 __all__ = ["MemoryStore", "MemoryTx"]
 
@@ -29,6 +30,19 @@ class _Row:
     leased_until: dt.datetime | None = None
     last_error: str | None = None
     buried_at: dt.datetime | None = None
+    requeues: int = 0
+    requeued_at: dt.datetime | None = None
+
+    def state(self) -> StoredMessage:
+        return StoredMessage(
+            message=self.message,
+            due_at=self.due_at,
+            leased_until=self.leased_until,
+            last_error=self.last_error,
+            buried_at=self.buried_at,
+            requeues=self.requeues,
+            requeued_at=self.requeued_at,
+        )
 
 
 class MemoryTx:
@@ -113,14 +127,70 @@ class MemoryStore:
         return released
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
-        row = self._row(message_id)
-        return StoredMessage(
-            message=row.message,
-            due_at=row.due_at,
-            leased_until=row.leased_until,
-            last_error=row.last_error,
-            buried_at=row.buried_at,
-        )
+        return self._row(message_id).state()
+
+    async def list_buried(
+        self,
+        *,
+        topic: str | None = None,
+        since: dt.datetime | None = None,
+        limit: int = 100,
+    ) -> list[StoredMessage]:
+        rows = [
+            r
+            for r in self._buried(None, topic)
+            if since is None or (r.buried_at is not None and r.buried_at >= since)
+        ]
+        rows.sort(key=lambda r: (r.buried_at, r.message.id), reverse=True)
+        return [r.state() for r in rows[:limit]]
+
+    async def requeue(
+        self,
+        now: dt.datetime,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+    ) -> list[uuid.UUID]:
+        rows = self._buried(ids, topic)
+        if not dry_run:
+            for r in rows:
+                r.message = dataclasses.replace(r.message, attempts=0)
+                r.buried_at, r.leased_until, r.due_at = None, None, now
+                r.requeues += 1
+                r.requeued_at = now
+        return [r.message.id for r in rows]
+
+    async def purge_buried(
+        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+    ) -> int:
+        old = [r for r in self._buried(None, topic) if r.buried_at and r.buried_at < before]
+        if not dry_run:
+            for r in old:
+                del self._rows[r.message.id]
+        return len(old)
+
+    async def topic_stats(self) -> list[TopicStats]:
+        stats: dict[str, list[Any]] = {}
+        for r in self._rows.values():
+            entry = stats.setdefault(r.message.topic, [0, 0, None])
+            if r.buried_at is not None:
+                entry[1] += 1
+                continue
+            entry[0] += 1
+            if entry[2] is None or r.message.created_at < entry[2]:
+                entry[2] = r.message.created_at
+        return [TopicStats(topic, *stats[topic]) for topic in sorted(stats)]
+
+    def _buried(self, ids: Sequence[uuid.UUID] | None, topic: str | None) -> list[_Row]:
+        wanted = None if ids is None else set(ids)
+        return [
+            r
+            for r in self._rows.values()
+            if r.buried_at is not None
+            and (wanted is None or r.message.id in wanted)
+            and (topic is None or r.message.topic == topic)
+        ]
 
     def _row(self, message_id: uuid.UUID) -> _Row:
         try:

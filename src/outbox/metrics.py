@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import weakref
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["RelayMetrics"]
+__all__ = ["BacklogMetrics", "RelayMetrics"]
 
 _lock = threading.Lock()
 _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, RelayMetrics] = (
@@ -70,3 +70,46 @@ class RelayMetrics:
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
+
+
+class BacklogMetrics:
+    """Gauges of the backlog per topic, refreshed by outbox.backlog."""
+
+    buried: Gauge
+    pending: Gauge
+    oldest: Gauge
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry | None) -> BacklogMetrics:
+        """The gauges registered in ``registry`` (default: the global one), made once."""
+        registry = REGISTRY if registry is None else registry
+        with _lock:
+            found = _backlog_by_registry.get(registry)
+            if found is None:
+                found = _backlog_by_registry[registry] = cls(registry)
+            return found
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.buried = Gauge(
+            "outbox_buried_messages",
+            "Buried messages waiting for an operator (outbox buried list).",
+            ["topic"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "outbox_pending_messages",
+            "Messages not yet delivered or buried: due, leased or waiting to retry.",
+            ["topic"],
+            registry=registry,
+        )
+        self.oldest = Gauge(
+            "outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending message; 0 when there is none.",
+            ["topic"],
+            registry=registry,
+        )
+
+
+_backlog_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, BacklogMetrics] = (
+    weakref.WeakKeyDictionary()
+)

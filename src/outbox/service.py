@@ -18,6 +18,7 @@ import anyio
 import anyio.abc
 import psycopg
 
+from outbox.backlog import Backlog
 from outbox.durations import format_duration
 from outbox.embedded import EmbeddedPostgres
 from outbox.errors import OutboxError
@@ -122,7 +123,8 @@ async def _serve(
     shutdown: _Shutdown,
 ) -> None:
     async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
-        relay = Relay(PostgresStore(pool), handlers, config)
+        store = PostgresStore(pool)
+        relay = Relay(store, handlers, config)
         shutdown.relay = relay
 
         async def ready() -> bool:
@@ -140,6 +142,7 @@ async def _serve(
         probes = ProbeServer(settings.http_host, settings.http_port, alive=relay.alive, ready=ready)
         async with anyio.create_task_group() as tg:
             port = await tg.start(probes.serve)
+            tg.start_soon(Backlog(store).run, settings.backlog_interval)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",
                 ",".join(sorted(handlers)),

@@ -134,6 +134,11 @@ class ServiceSettings(BaseSettings):
     http_port: int = Field(
         default=9090, ge=0, le=65535, description="Port for /metrics, /healthz and /readyz."
     )
+    backlog_interval: Duration = Field(
+        default=dt.timedelta(seconds=15),
+        gt=dt.timedelta(0),
+        description="How often a relay counts pending and buried messages per topic.",
+    )
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
         Field(default="info", description="Least severe log level written.")
     )

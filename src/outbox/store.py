@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 from outbox.message import Message
 from outbox.uow import UnitOfWork
 
-__all__ = ["Store", "StoredMessage", "check_claim"]
+__all__ = ["Store", "StoredMessage", "TopicStats", "check_claim"]
 
 Tx = TypeVar("Tx")
 
@@ -33,6 +33,21 @@ class StoredMessage:
     """Set while a relay holds the message; a lease in the past has expired."""
     last_error: str | None
     buried_at: dt.datetime | None
+    requeues: int = 0
+    """Times an operator requeued it after it was buried."""
+    requeued_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicStats:
+    """One topic's backlog."""
+
+    topic: str
+    pending: int
+    """Not buried: due, leased or waiting for a retry."""
+    buried: int
+    oldest_pending: dt.datetime | None
+    """Creation time of the oldest message not buried."""
 
 
 class Store(UnitOfWork[Tx], Protocol[Tx]):
@@ -86,6 +101,42 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         """Return a message with its delivery state. Raises NotFound if it is not there."""
+        ...
+
+    async def list_buried(
+        self,
+        *,
+        topic: str | None = None,
+        since: dt.datetime | None = None,
+        limit: int = 100,
+    ) -> list[StoredMessage]:
+        """Buried messages, newest first; of ``topic`` and buried at or after ``since``."""
+        ...
+
+    async def requeue(
+        self,
+        now: dt.datetime,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+    ) -> list[uuid.UUID]:
+        """Make buried messages due at ``now`` with attempts reset; return their ids.
+
+        Only buried messages are touched, so it is idempotent. ``ids`` and
+        ``topic`` narrow the selection; with neither, every buried message is
+        requeued. The last error stays, and the requeue is counted.
+        """
+        ...
+
+    async def purge_buried(
+        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+    ) -> int:
+        """Delete buried messages buried before ``before``; return how many."""
+        ...
+
+    async def topic_stats(self) -> list[TopicStats]:
+        """Backlog per topic, in topic order."""
         ...
 
 

@@ -24,13 +24,14 @@ S = dt.timedelta(seconds=1)
         ("0.5", 0.5 * S),
         (" 2m ", 120 * S),
         ("100us", dt.timedelta(microseconds=100)),
+        ("7d", dt.timedelta(days=7)),
     ],
 )
 def test_durations_parse_go_style_and_plain_seconds(text: str, expected: dt.timedelta) -> None:
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1d", "1m30", "s", "-1s", "1 s", "ms10"])
+@pytest.mark.parametrize("text", ["", "abc", "1w", "1m30", "s", "-1s", "1 s", "ms10"])
 def test_bad_durations_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match=r"duration|negative"):
         parse_duration(text)

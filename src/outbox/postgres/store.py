@@ -20,7 +20,7 @@ import psycopg_pool
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message
 from outbox.postgres.queries import QUERIES
-from outbox.store import StoredMessage, check_claim
+from outbox.store import StoredMessage, TopicStats, check_claim
 
 __all__ = ["PostgresStore", "connect_pool"]
 
@@ -32,6 +32,10 @@ _RETRY = QUERIES["message_retry"]
 _BURY = QUERIES["message_bury"]
 _GET = QUERIES["message_get"]
 _RELEASE = QUERIES["message_release"]
+_BURIED_LIST = QUERIES["buried_list"]
+_BURIED_REQUEUE = QUERIES["buried_requeue"]
+_BURIED_PURGE = QUERIES["buried_purge"]
+_TOPIC_STATS = QUERIES["topic_stats"]
 
 
 def connect_pool(
@@ -143,16 +147,49 @@ class PostgresStore:
         rows = await self._fetch(_GET, {"id": message_id})
         if not rows:
             raise NotFound(message_id)
-        r = rows[0]
-        return StoredMessage(
-            message=Message(
-                id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]
-            ),
-            due_at=r[5],
-            leased_until=r[6],
-            last_error=r[7],
-            buried_at=r[8],
-        )
+        return _stored(rows[0])
+
+    async def list_buried(
+        self,
+        *,
+        topic: str | None = None,
+        since: dt.datetime | None = None,
+        limit: int = 100,
+    ) -> list[StoredMessage]:
+        params = {"topic": topic, "since": since, "limit": limit}
+        return [_stored(r) for r in await self._fetch(_BURIED_LIST, params)]
+
+    async def requeue(
+        self,
+        now: dt.datetime,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+    ) -> list[uuid.UUID]:
+        params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
+        # A dry run is the same statement, rolled back: it cannot disagree.
+        async with (
+            self._translated(),
+            self.pool.connection() as conn,
+            conn.transaction(force_rollback=dry_run),
+        ):
+            cur = await conn.execute(_BURIED_REQUEUE, params)
+            return [r[0] for r in await cur.fetchall()]
+
+    async def purge_buried(
+        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+    ) -> int:
+        async with (
+            self._translated(),
+            self.pool.connection() as conn,
+            conn.transaction(force_rollback=dry_run),
+        ):
+            cur = await conn.execute(_BURIED_PURGE, {"before": before, "topic": topic})
+            return cur.rowcount
+
+    async def topic_stats(self) -> list[TopicStats]:
+        return [TopicStats(*r) for r in await self._fetch(_TOPIC_STATS, {})]
 
     async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
         async with self._translated(), self.pool.connection() as conn:
@@ -169,6 +206,18 @@ class PostgresStore:
             cur = await conn.execute(query, params)
             if cur.rowcount == 0:
                 raise NotFound(params["id"])
+
+
+def _stored(r: Any) -> StoredMessage:
+    return StoredMessage(
+        message=Message(id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]),
+        due_at=r[5],
+        leased_until=r[6],
+        last_error=r[7],
+        buried_at=r[8],
+        requeues=r[9],
+        requeued_at=r[10],
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -66,6 +66,50 @@ WHERE id = ANY(%(ids)s) AND buried_at IS NULL;
 -- message_get --
 -- One message with its delivery state.
 SELECT id, topic, payload::text, created_at, attempts,
-       due_at, leased_until, last_error, buried_at
+       due_at, leased_until, last_error, buried_at, requeues, requeued_at
 FROM outbox_messages
 WHERE id = %(id)s;
+
+-- buried_list --
+-- Buried messages, newest first, optionally of one topic and buried since a time.
+SELECT id, topic, payload::text, created_at, attempts,
+       due_at, leased_until, last_error, buried_at, requeues, requeued_at
+FROM outbox_messages
+WHERE buried_at IS NOT NULL
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(since)s::timestamptz IS NULL OR buried_at >= %(since)s)
+ORDER BY buried_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- buried_requeue --
+-- Make buried messages due at %(now)s with attempts reset; keep the last error.
+-- Only buried rows match, so running it twice changes nothing the second time.
+UPDATE outbox_messages
+SET buried_at = NULL,
+    due_at = %(now)s,
+    attempts = 0,
+    leased_until = NULL,
+    requeues = requeues + 1,
+    requeued_at = %(now)s
+WHERE buried_at IS NOT NULL
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+RETURNING id;
+
+-- buried_purge --
+-- Delete buried messages buried before %(before)s.
+DELETE FROM outbox_messages
+WHERE buried_at IS NOT NULL
+  AND buried_at < %(before)s
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s);
+
+-- topic_stats --
+-- Backlog per topic: pending and buried counts, the oldest pending message.
+-- A scan of the whole table: run it every few seconds, not per message.
+SELECT topic,
+       count(*) FILTER (WHERE buried_at IS NULL) AS pending,
+       count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
+       min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+FROM outbox_messages
+GROUP BY topic
+ORDER BY topic;

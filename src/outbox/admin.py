@@ -1,0 +1,197 @@
+"""``outbox buried``: what an operator runs when OutboxMessagesBuried fires.
+
+List, show, requeue and purge buried messages through the Store methods, so an
+application can build the same tools on them. Payloads can hold one-time
+codes: ``show`` prints one only when asked (``--payload``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from outbox.errors import ConfigError
+from outbox.store import Store, StoredMessage
+
+__all__ = ["list_buried", "purge", "requeue", "show"]
+
+_ERROR_WIDTH = 60
+
+
+class Refused(ConfigError):
+    """The operator said no, or could not be asked."""
+
+
+def _when(at: dt.datetime | None) -> str:
+    return "-" if at is None else at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _iso(at: dt.datetime | None) -> str | None:
+    return None if at is None else at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _short(text: str | None) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= _ERROR_WIDTH else text[: _ERROR_WIDTH - 1] + "…"
+
+
+def as_json(s: StoredMessage, *, payload: bool = False) -> dict[str, Any]:
+    """A stored message as a JSON object (the payload only when asked)."""
+    out: dict[str, Any] = {
+        "id": str(s.message.id),
+        "topic": s.message.topic,
+        "attempts": s.message.attempts,
+        "created_at": _iso(s.message.created_at),
+        "buried_at": _iso(s.buried_at),
+        "due_at": _iso(s.due_at),
+        "leased_until": _iso(s.leased_until),
+        "last_error": s.last_error,
+        "requeues": s.requeues,
+        "requeued_at": _iso(s.requeued_at),
+    }
+    if payload:
+        out["payload"] = s.message.json()
+    return out
+
+
+def table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Print rows with aligned columns; the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)] + [r[-1]]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+async def list_buried(
+    store: Store[Any],
+    *,
+    topic: str | None,
+    since: dt.datetime | None,
+    limit: int,
+    output: str,
+    out: TextIO = sys.stdout,
+) -> None:
+    found = await store.list_buried(topic=topic, since=since, limit=limit)
+    if output == "json":
+        json.dump([as_json(s) for s in found], out, indent=2)
+        out.write("\n")
+        return
+    if not found:
+        out.write("no buried messages\n")
+        return
+    rows = [["ID", "TOPIC", "ATTEMPTS", "BURIED", "CREATED", "LAST ERROR"]]
+    rows += [
+        [
+            str(s.message.id),
+            s.message.topic,
+            str(s.message.attempts),
+            _when(s.buried_at),
+            _when(s.message.created_at),
+            _short(s.last_error),
+        ]
+        for s in found
+    ]
+    table(rows, out)
+
+
+async def show(
+    store: Store[Any],
+    message_id: uuid.UUID,
+    *,
+    payload: bool,
+    output: str,
+    out: TextIO = sys.stdout,
+) -> None:
+    s = await store.get(message_id)
+    if output == "json":
+        json.dump(as_json(s, payload=payload), out, indent=2, ensure_ascii=False)
+        out.write("\n")
+        return
+    fields = [
+        ("id", str(s.message.id)),
+        ("topic", s.message.topic),
+        ("state", "buried" if s.buried_at else "pending"),
+        ("attempts", str(s.message.attempts)),
+        ("created at", _when(s.message.created_at)),
+        ("buried at", _when(s.buried_at)),
+        ("due at", _when(s.due_at)),
+        ("leased until", _when(s.leased_until)),
+        ("requeues", f"{s.requeues} (last {_when(s.requeued_at)})" if s.requeues else "0"),
+        ("last error", s.last_error or "-"),
+    ]
+    for name, value in fields:
+        out.write(f"{name + ':':<14}{value}\n")
+    if payload:
+        pretty = json.dumps(s.message.json(), indent=2, ensure_ascii=False)
+        out.write("payload:\n" + "".join(f"  {line}\n" for line in pretty.splitlines()))
+    else:
+        out.write(f"{'payload:':<14}hidden ({len(s.message.payload)} bytes; --payload shows it)\n")
+
+
+def confirm(question: str, *, yes: bool, ask: Callable[[str], str] | None = None) -> None:
+    """Go on when ``yes`` or the operator answers y; else raise Refused."""
+    if yes:
+        return
+    if ask is None:
+        if not sys.stdin.isatty():
+            raise Refused("--yes", "no terminal to ask for confirmation; add --yes")
+        ask = input
+    if ask(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+        raise Refused("--yes", "not confirmed; nothing changed")
+
+
+async def requeue(
+    store: Store[Any],
+    now: dt.datetime,
+    *,
+    ids: Sequence[uuid.UUID] | None,
+    topic: str | None,
+    dry_run: bool,
+    yes: bool,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Requeue what the selection names; return how many were (or would be) requeued."""
+    if ids is not None:
+        states = {}
+        for i in ids:
+            states[i] = await store.get(i)  # NotFound before anything changes
+        for i, state in states.items():
+            if state.buried_at is None:
+                err.write(f"{i}: not buried, left alone\n")
+        ids = [i for i, state in states.items() if state.buried_at is not None]
+        if not ids:
+            out.write("requeued 0 messages\n")
+            return 0
+    elif not dry_run and topic is None:
+        count = len(await store.requeue(now, dry_run=True))
+        confirm(f"Requeue all {count} buried messages?", yes=yes)
+    done = await store.requeue(now, ids=ids, topic=topic, dry_run=dry_run)
+    verb = "would requeue" if dry_run else "requeued"
+    out.write(f"{verb} {len(done)} messages\n")
+    return len(done)
+
+
+async def purge(
+    store: Store[Any],
+    before: dt.datetime,
+    *,
+    topic: str | None,
+    dry_run: bool,
+    yes: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Delete buried messages buried before ``before``; return how many."""
+    count = await store.purge_buried(before, topic=topic, dry_run=True)
+    if dry_run:
+        out.write(f"would delete {count} buried messages buried before {_when(before)}\n")
+        return count
+    if count:
+        confirm(f"Delete {count} buried messages buried before {_when(before)}?", yes=yes)
+    done = await store.purge_buried(before, topic=topic)
+    out.write(f"deleted {done} buried messages\n")
+    return done

@@ -1,0 +1,41 @@
+"""Backlog gauges follow the store, on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from outbox import Store, new_message
+from outbox.backlog import Backlog
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+async def test_gauges_count_pending_buried_and_oldest_age(store: Store[Any]) -> None:
+    registry = CollectorRegistry()
+    now = T0 + dt.timedelta(minutes=5)
+    backlog = Backlog(store, clock=lambda: now, registry=registry)
+    doomed = new_message("mail.a", {}, T0)
+    waiting = new_message("mail.a", {}, T0 + dt.timedelta(minutes=1))
+    async with store.begin() as tx:
+        await store.add(tx, doomed, waiting)
+    await store.bury(doomed.id, "550", at=T0)
+
+    await backlog.refresh()
+
+    def gauge(name: str) -> float | None:
+        return registry.get_sample_value(name, {"topic": "mail.a"})
+
+    assert gauge("outbox_buried_messages") == 1
+    assert gauge("outbox_pending_messages") == 1
+    assert gauge("outbox_oldest_pending_age_seconds") == 240
+
+    await store.ack(waiting.id)
+    await store.purge_buried(now)
+    await backlog.refresh()
+
+    assert gauge("outbox_buried_messages") == 0
+    assert gauge("outbox_pending_messages") == 0
+    assert gauge("outbox_oldest_pending_age_seconds") == 0

@@ -1,0 +1,124 @@
+"""Inspecting, requeueing and purging buried messages, on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from outbox import Message, Store, new_message
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+LEASE = dt.timedelta(minutes=2)
+H = dt.timedelta(hours=1)
+
+
+async def buried(store: Store[Any], topic: str, at: dt.datetime, reason: str = "boom") -> Message:
+    m = new_message(topic, {"n": str(at)}, T0)
+    async with store.begin() as tx:
+        await store.add(tx, m)
+    await store.claim(T0, LEASE, 100)
+    await store.bury(m.id, reason, at=at)
+    return m
+
+
+async def pending(store: Store[Any], topic: str) -> Message:
+    m = new_message(topic, {}, T0)
+    async with store.begin() as tx:
+        await store.add(tx, m)
+    return m
+
+
+async def test_list_buried_is_newest_first_and_filters(store: Store[Any]) -> None:
+    old = await buried(store, "mail.a", T0 + H)
+    new = await buried(store, "mail.a", T0 + 3 * H)
+    other = await buried(store, "mail.b", T0 + 2 * H)
+    await pending(store, "mail.a")
+
+    everything = await store.list_buried()
+    of_a = await store.list_buried(topic="mail.a")
+    recent = await store.list_buried(since=T0 + 2 * H)
+    one = await store.list_buried(limit=1)
+
+    assert [s.message.id for s in everything] == [new.id, other.id, old.id]
+    assert [s.message.id for s in of_a] == [new.id, old.id]
+    assert [s.message.id for s in recent] == [new.id, other.id]
+    assert [s.message.id for s in one] == [new.id]
+    assert everything[0].last_error == "boom"
+    assert everything[0].message.attempts == 1
+
+
+async def test_requeue_makes_buried_due_now_with_attempts_reset(store: Store[Any]) -> None:
+    m = await buried(store, "mail.a", T0, reason="550 no such user")
+    now = T0 + 5 * H
+
+    assert await store.requeue(now, ids=[m.id]) == [m.id]
+
+    state = await store.get(m.id)
+    assert state.buried_at is None
+    assert state.last_error == "550 no such user"
+    assert state.requeues == 1
+    assert state.requeued_at == now
+    [again] = await store.claim(now, LEASE, 10)
+    assert (again.id, again.attempts) == (m.id, 1)
+
+
+async def test_requeue_is_idempotent_and_never_touches_live_messages(store: Store[Any]) -> None:
+    m = await buried(store, "mail.a", T0)
+    live = await pending(store, "mail.a")
+    now = T0 + H
+
+    first = await store.requeue(now, ids=[m.id, live.id])
+    second = await store.requeue(now, ids=[m.id, live.id])
+
+    assert first == [m.id]
+    assert second == []
+    assert (await store.get(live.id)).requeues == 0
+
+
+async def test_requeue_by_topic_or_all(store: Store[Any]) -> None:
+    a1 = await buried(store, "mail.a", T0)
+    a2 = await buried(store, "mail.a", T0 + H)
+    b = await buried(store, "mail.b", T0)
+
+    assert sorted(await store.requeue(T0, topic="mail.a")) == sorted([a1.id, a2.id])
+    assert await store.requeue(T0) == [b.id]
+    assert await store.list_buried() == []
+
+
+async def test_dry_runs_change_nothing(store: Store[Any]) -> None:
+    m = await buried(store, "mail.a", T0)
+
+    assert await store.requeue(T0 + H, dry_run=True) == [m.id]
+    assert await store.purge_buried(T0 + H, dry_run=True) == 1
+
+    assert (await store.get(m.id)).buried_at == T0
+
+
+async def test_purge_deletes_only_buried_messages_past_retention(store: Store[Any]) -> None:
+    old = await buried(store, "mail.a", T0)
+    old_b = await buried(store, "mail.b", T0)
+    recent = await buried(store, "mail.a", T0 + 10 * H)
+    live = await pending(store, "mail.a")
+
+    assert await store.purge_buried(T0 + H, topic="mail.a") == 1
+    assert await store.purge_buried(T0 + H) == 1
+
+    left = {s.message.id for s in await store.list_buried()}
+    assert left == {recent.id}
+    assert (await store.get(live.id)).buried_at is None
+    assert old.id not in left
+    assert old_b.id not in left
+
+
+async def test_topic_stats_count_backlog_per_topic(store: Store[Any]) -> None:
+    await buried(store, "mail.a", T0)
+    await pending(store, "mail.a")
+    await pending(store, "mail.b")
+
+    stats = {s.topic: s for s in await store.topic_stats()}
+
+    assert (stats["mail.a"].pending, stats["mail.a"].buried) == (1, 1)
+    assert (stats["mail.b"].pending, stats["mail.b"].buried) == (1, 0)
+    assert stats["mail.a"].oldest_pending == T0
+    assert await store.requeue(T0, ids=[uuid.uuid4()]) == []

@@ -1,0 +1,206 @@
+"""`outbox buried` as an operator runs it: a subprocess against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from outbox import Message, Relay, RelayConfig, new_message
+from outbox.postgres import PostgresStore, connect_pool, migrate
+from tests.integration.process import run_outbox
+
+NOW = dt.datetime.now(dt.UTC)
+CODE = "918273"
+
+
+class Buried:
+    """Buried messages in a fresh schema: two topics, buried at different times."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.old = new_message("mail.login_link", {"to": "a@example.com", "code": CODE}, NOW)
+        self.recent = new_message("mail.login_link", {"to": "b@example.com", "code": "1"}, NOW)
+        self.other = new_message("webhook.order", {"id": 7}, NOW)
+        self.live = new_message("mail.login_link", {"to": "c@example.com"}, NOW)
+
+        async def setup() -> None:
+            await migrate(conninfo)
+            async with connect_pool(conninfo, max_size=1) as pool:
+                store = PostgresStore(pool)
+                async with store.begin() as tx:
+                    await store.add(tx, self.old, self.recent, self.other, self.live)
+                await store.claim(NOW, dt.timedelta(seconds=1), 3)
+                long_error = "smtp: 550 5.1.1 mailbox unavailable " + "x" * 200
+                await store.bury(self.old.id, long_error, at=NOW - dt.timedelta(days=10))
+                await store.bury(self.recent.id, "permanent: 550", at=NOW - dt.timedelta(minutes=5))
+                await store.bury(self.other.id, "no handler", at=NOW - dt.timedelta(hours=2))
+                await store.release([self.live.id], NOW)
+
+        anyio.run(setup)
+
+    def run(self, *args: str) -> tuple[int, str, str]:
+        result = run_outbox("buried", *args, OUTBOX_DATABASE_URL=self.conninfo)
+        return result.returncode, result.stdout, result.stderr
+
+    def state(self, m: Message) -> dict[str, object]:
+        code, out, err = self.run("show", str(m.id), "--output", "json")
+        assert code == 0, err
+        state: dict[str, object] = json.loads(out)
+        return state
+
+    def count(self) -> int:
+        async def count() -> int:
+            async with (
+                connect_pool(self.conninfo, max_size=1) as pool,
+                pool.connection() as conn,
+            ):
+                cur = await conn.execute("SELECT count(*) FROM outbox_messages")
+                return int((await cur.fetchone() or (0,))[0])
+
+        return anyio.run(count)
+
+
+@pytest.fixture
+def buried(pg_conninfo: str) -> Buried:
+    return Buried(pg_conninfo)
+
+
+def test_list_is_newest_first_aligned_and_shortens_errors(buried: Buried) -> None:
+    code, out, _ = buried.run("list")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "TOPIC", "ATTEMPTS", "BURIED", "CREATED", "LAST", "ERROR"]
+    ids = [line.split()[0] for line in lines[1:]]
+    assert ids == [str(buried.recent.id), str(buried.other.id), str(buried.old.id)]
+    assert (
+        len(
+            {
+                line.index(" mail.") if " mail." in line else line.index(" webhook")
+                for line in lines[1:]
+            }
+        )
+        == 1
+    )
+    assert "…" in lines[3]
+    assert CODE not in out
+
+
+def test_list_filters_and_json(buried: Buried) -> None:
+    code, out, _ = buried.run(
+        "list", "--topic", "mail.login_link", "--since", "1h", "--output", "json"
+    )
+
+    assert code == 0
+    [entry] = json.loads(out)
+    assert entry["id"] == str(buried.recent.id)
+    assert entry["last_error"] == "permanent: 550"
+    assert "payload" not in entry
+    _, limited, _ = buried.run("list", "--limit", "1", "--output", "json")
+    assert [e["id"] for e in json.loads(limited)] == [str(buried.recent.id)]
+
+
+def test_show_hides_the_payload_unless_asked(buried: Buried) -> None:
+    code, out, _ = buried.run("show", str(buried.old.id))
+    assert code == 0
+    assert "smtp: 550 5.1.1 mailbox unavailable " + "x" * 200 in out
+    assert CODE not in out
+    assert "--payload shows it" in out
+
+    code, out, _ = buried.run("show", str(buried.old.id), "--payload")
+    assert code == 0
+    assert f'"code": "{CODE}"' in out
+
+
+def test_requeue_by_id_is_delivered_by_the_next_poll(buried: Buried) -> None:
+    code, dry, _ = buried.run("requeue", str(buried.old.id), "--dry-run")
+    assert (code, dry) == (0, "would requeue 1 messages\n")
+    assert buried.state(buried.old)["buried_at"] is not None
+
+    code, out, err = buried.run("requeue", str(buried.old.id), str(buried.live.id))
+    assert code == 0
+    assert out == "requeued 1 messages\n"
+    assert f"{buried.live.id}: not buried, left alone" in err
+    state = buried.state(buried.old)
+    assert state["buried_at"] is None
+    assert state["attempts"] == 0
+    assert str(state["last_error"]).startswith("smtp: 550")
+    assert state["requeues"] == 1
+
+    code, again, _ = buried.run("requeue", str(buried.old.id))
+    assert (code, again) == (0, "requeued 0 messages\n")
+
+    delivered: list[uuid.UUID] = []
+
+    async def deliver() -> None:
+        async def handle(m: Message) -> None:
+            delivered.append(m.id)
+
+        async with connect_pool(buried.conninfo, max_size=2) as pool:
+            relay = Relay(
+                PostgresStore(pool),
+                {"mail.login_link": handle},
+                RelayConfig.model_validate({"batch": 100}),
+                registry=CollectorRegistry(),
+            )
+            await relay.poll()
+
+    anyio.run(deliver)
+    assert sorted(delivered) == sorted([buried.old.id, buried.live.id])
+
+
+def test_requeue_by_topic_and_all(buried: Buried) -> None:
+    code, out, _ = buried.run("requeue", "--topic", "webhook.order")
+    assert (code, out) == (0, "requeued 1 messages\n")
+
+    code, _, err = buried.run("requeue", "--all")
+    assert code == 2
+    assert "add --yes" in err
+
+    code, out, _ = buried.run("requeue", "--all", "--yes")
+    assert (code, out) == (0, "requeued 2 messages\n")
+    _, listed, _ = buried.run("list", "--output", "json")
+    assert json.loads(listed) == []
+
+
+def test_purge_deletes_by_age(buried: Buried) -> None:
+    code, dry, _ = buried.run("purge", "--older-than", "1d", "--dry-run")
+    assert code == 0
+    assert dry.startswith("would delete 1 buried messages")
+    assert buried.count() == 4
+
+    code, out, _ = buried.run("purge", "--older-than", "1h", "--topic", "webhook.order", "--yes")
+    assert (code, out) == (0, "deleted 1 buried messages\n")
+    code, out, _ = buried.run("purge", "--older-than", "7d", "--yes")
+    assert (code, out) == (0, "deleted 1 buried messages\n")
+    assert buried.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("show", "not-a-uuid"), "is not a message id"),
+        (("show", str(uuid.UUID(int=7))), "not found"),
+        (("requeue", str(uuid.UUID(int=7))), "not found"),
+        (("list", "--since", "yesterday"), "is not a duration"),
+        (("purge", "--older-than", "soon"), "is not a duration"),
+        (("purge",), "--older-than"),
+        (("requeue",), "one of them"),
+        (("requeue", "--all", "--topic", "mail.a"), "one of them"),
+        (("list", "--topic", "Bad Topic"), "must match"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2_and_change_nothing(
+    buried: Buried, args: tuple[str, ...], complaint: str
+) -> None:
+    code, _, err = buried.run(*args)
+
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert complaint in err
+    assert buried.count() == 4
