@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from outbox.message import Message
+from outbox.routing import Handler, HandlerKind
 
-__all__ = ["log_handler"]
+__all__ = ["KINDS", "log_handler"]
 
 log = logging.getLogger("outbox.handlers.log")
 
@@ -20,3 +23,13 @@ async def log_handler(m: Message) -> None:
         m.attempts,
         len(m.payload),
     )
+
+
+def _log_kind(config: Mapping[str, Any]) -> Handler:
+    if config:
+        raise ValueError(f"the log handler takes no config, got {sorted(config)}")
+    return log_handler
+
+
+KINDS: dict[str, HandlerKind] = {"log": _log_kind}
+"""Generic handler kinds an OutboxTopic can name in spec.handler."""

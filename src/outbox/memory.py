@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from outbox.errors import NotFound
-from outbox.message import Message
-from outbox.store import StoredMessage, TopicStats, check_claim
+from outbox.message import Message, validate_topic
+from outbox.store import StoredMessage, TopicSettings, TopicStats, check_claim
 
 __all__ = ["MemoryStore", "MemoryTx"]
 
@@ -59,6 +59,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._rows: dict[uuid.UUID, _Row] = {}
+        self._topics: dict[str, TopicSettings] = {}
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[MemoryTx]:
@@ -82,10 +83,22 @@ class MemoryStore:
             raise ValueError("outbox: transaction is already finished")
         tx.pending.extend(msgs)
 
-    async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
+    async def claim(
+        self,
+        now: dt.datetime,
+        lease: dt.timedelta,
+        limit: int,
+        *,
+        exclude: Collection[str] = (),
+    ) -> list[Message]:
         check_claim(lease, limit)
+        excluded = set(exclude)
         due = sorted(
-            (r for r in self._rows.values() if r.buried_at is None and r.due_at <= now),
+            (
+                r
+                for r in self._rows.values()
+                if r.buried_at is None and r.due_at <= now and r.message.topic not in excluded
+            ),
             key=lambda r: (r.due_at, r.message.id),
         )[:limit]
         until = now + lease
@@ -181,6 +194,18 @@ class MemoryStore:
             if entry[2] is None or r.message.created_at < entry[2]:
                 entry[2] = r.message.created_at
         return [TopicStats(topic, *stats[topic]) for topic in sorted(stats)]
+
+    async def topics(self) -> dict[str, TopicSettings]:
+        return dict(self._topics)
+
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+        validate_topic(settings.topic)
+        self._topics[settings.topic] = dataclasses.replace(
+            settings, config=dict(settings.config), updated_at=now
+        )
+
+    async def delete_topic(self, topic: str) -> bool:
+        return self._topics.pop(topic, None) is not None
 
     def _buried(self, ids: Sequence[uuid.UUID] | None, topic: str | None) -> list[_Row]:
         wanted = None if ids is None else set(ids)

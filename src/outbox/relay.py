@@ -18,7 +18,8 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -29,15 +30,14 @@ from outbox.durations import format_duration
 from outbox.errors import Dropped, Permanent, StoreUnavailable
 from outbox.message import Message, validate_topic
 from outbox.metrics import RelayMetrics
+from outbox.routing import Handler, HandlerKind, Route, Router
 from outbox.settings import RelayConfig
 from outbox.store import Store
 
-__all__ = ["Clock", "Handler", "Relay", "backoff", "system_clock"]
+__all__ = ["Clock", "Handler", "HandlerKind", "Relay", "backoff", "system_clock"]
 
 log = logging.getLogger("outbox.relay")
 
-Handler = Callable[[Message], Awaitable[None]]
-"""Delivers one message. Raising makes the relay retry it; Permanent buries it."""
 
 Clock = Callable[[], dt.datetime]
 """Returns the current time, timezone-aware. Tests pass one they can move."""
@@ -75,6 +75,7 @@ class _Outcomes:
     buried: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     released: list[Message] = dataclasses.field(default_factory=list)
     dropped: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
+    routes: dict[uuid.UUID, Route] = dataclasses.field(default_factory=dict)
 
 
 class _TopicMetrics:
@@ -100,6 +101,7 @@ class Relay:
         *,
         clock: Clock | None = None,
         registry: CollectorRegistry | None = None,
+        kinds: Mapping[str, HandlerKind] | None = None,
     ) -> None:
         for topic in handlers:
             validate_topic(topic)
@@ -108,6 +110,8 @@ class Relay:
         # model_validate skips the environment: RelayConfig's defaults unless
         # the caller loaded one (outbox.settings.load(RelayConfig)).
         self.config = config if config is not None else RelayConfig.model_validate({})
+        self.router = Router(self.handlers, kinds or {}, self.config)
+        self._routes_until: dt.datetime | None = None
         self.clock = clock or system_clock
         self.metrics = RelayMetrics.of(registry)
         self._by_topic: dict[str, _TopicMetrics] = {}
@@ -179,10 +183,18 @@ class Relay:
                     await self._wake.wait()
         log.info("relay stopped claiming")
 
+    async def refresh_topics(self) -> None:
+        """Read the topic registry now (poll() does it at most once an interval)."""
+        self.router.update(await self.store.topics())
+        self._routes_until = self.clock() + self.config.interval
+
     async def poll(self) -> int:
         """Claim one batch, deliver it concurrently and settle it; return its size."""
         cfg = self.config
-        claimed = await self.store.claim(self.clock(), cfg.lease, cfg.batch)
+        now = self.clock()
+        if self._routes_until is None or now >= self._routes_until:
+            await self.refresh_topics()
+        claimed = await self.store.claim(now, cfg.lease, cfg.batch, exclude=self.router.exclude)
         if not claimed:
             return 0
         out = _Outcomes()
@@ -190,18 +202,20 @@ class Relay:
             ready = [m for m in claimed if self._admit(m, out)]
             if ready:
                 # Every handler of the batch starts now, so one deadline bounds
-                # each of them by the timeout; much cheaper than a scope apiece.
-                with anyio.move_on_after(cfg.timeout.total_seconds()) as deadline:
+                # each by its timeout; much cheaper than a scope apiece. Topics
+                # with a shorter timeout of their own get a scope of their own.
+                longest = max(out.routes[m.id].timeout for m in ready)
+                with anyio.move_on_after(longest.total_seconds()) as deadline:
                     queue = collections.deque(ready)
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._work, queue, out)
+                        tg.start_soon(self._work, queue, out, longest)
                         # Runs whenever every worker waits: then it adds one, so
                         # a handler that waits never holds back the rest of the
                         # batch, while handlers that finish at once share a task.
                         while queue:
                             await anyio.lowlevel.checkpoint()
                             if queue:
-                                tg.start_soon(self._work, queue, out)
+                                tg.start_soon(self._work, queue, out, longest)
                 if deadline.cancelled_caught:
                     self._time_out(ready, out)
             await self._settle(out)
@@ -216,24 +230,36 @@ class Relay:
 
     def _admit(self, m: Message, out: _Outcomes) -> bool:
         """Whether ``m`` goes to its handler; if not, record why it is buried."""
-        if m.attempts > self.config.max_attempts:
+        route = out.routes[m.id] = self.router.route(m.topic)
+        if m.attempts > route.max_attempts:
             out.buried.append(
                 (m, f"claimed {m.attempts} times without finishing; it may crash the relay")
             )
             return False
-        if m.topic not in self.handlers:
+        if route.handler is None:
             out.buried.append((m, f"no handler for topic {m.topic}"))
             return False
         return True
 
-    async def _work(self, queue: collections.deque[Message], out: _Outcomes) -> None:
+    async def _work(
+        self, queue: collections.deque[Message], out: _Outcomes, longest: dt.timedelta
+    ) -> None:
         while queue:
-            await self._deliver(queue.popleft(), out)
+            m = queue.popleft()
+            route = out.routes[m.id]
+            if route.timeout < longest:
+                with anyio.move_on_after(route.timeout.total_seconds()) as scope:
+                    await self._deliver(m, route, out)
+                if scope.cancelled_caught:
+                    out.failed.append((m, _timed_out(route)))
+            else:
+                await self._deliver(m, route, out)
 
-    async def _deliver(self, m: Message, out: _Outcomes) -> None:
+    async def _deliver(self, m: Message, route: Route, out: _Outcomes) -> None:
+        assert route.handler is not None
         started = time.perf_counter()
         try:
-            await self.handlers[m.topic](m)
+            await route.handler(m)
         except Permanent as exc:
             out.buried.append((m, f"permanent: {exc.reason}"))
         except Dropped as exc:
@@ -255,8 +281,7 @@ class Relay:
         if self._stopping:
             out.released.extend(unfinished)
             return
-        reason = f"timed out after {format_duration(self.config.timeout)}"
-        out.failed.extend((m, reason) for m in unfinished)
+        out.failed.extend((m, _timed_out(out.routes[m.id])) for m in unfinished)
 
     def _metrics(self, topic: str) -> _TopicMetrics:
         found = self._by_topic.get(topic)
@@ -282,7 +307,7 @@ class Relay:
             await self.store.release([m.id for m in out.released], now)
             log.info("released %d unfinished messages on stop", len(out.released))
         for m, reason in out.failed:
-            if m.attempts >= self.config.max_attempts:
+            if m.attempts >= out.routes[m.id].max_attempts:
                 out.buried.append((m, f"{reason} (after {m.attempts} attempts)"))
                 continue
             wait = backoff(m.attempts)
@@ -306,3 +331,7 @@ class Relay:
                 m.attempts,
                 reason,
             )
+
+
+def _timed_out(route: Route) -> str:
+    return f"timed out after {format_duration(route.timeout)}"

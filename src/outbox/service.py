@@ -22,6 +22,7 @@ from outbox.backlog import Backlog
 from outbox.durations import format_duration
 from outbox.embedded import EmbeddedPostgres
 from outbox.errors import OutboxError
+from outbox.handlers import KINDS
 from outbox.http import ProbeServer
 from outbox.logs import redact
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
@@ -124,7 +125,7 @@ async def _serve(
 ) -> None:
     async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
         store = PostgresStore(pool)
-        relay = Relay(store, handlers, config)
+        relay = Relay(store, handlers, config, kinds=KINDS)
         shutdown.relay = relay
 
         async def ready() -> bool:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from outbox.message import Message
 from outbox.uow import UnitOfWork
 
-__all__ = ["Store", "StoredMessage", "TopicStats", "check_claim"]
+__all__ = ["Store", "StoredMessage", "TopicSettings", "TopicStats", "check_claim"]
 
 Tx = TypeVar("Tx")
 
@@ -39,6 +39,26 @@ class StoredMessage:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """One topic's entry in the registry: how relays deliver it.
+
+    ``handler`` None means the topic's built-in handler; otherwise it names a
+    built-in topic's handler or a generic handler kind (``log``), configured
+    by ``config``. ``max_attempts`` and ``timeout`` None mean the OUTBOX_*
+    defaults. ``source`` says who wrote it (``kubernetes:ns/name``, ``cli``).
+    """
+
+    topic: str
+    enabled: bool = True
+    handler: str | None = None
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    max_attempts: int | None = None
+    timeout: dt.timedelta | None = None
+    source: str | None = None
+    updated_at: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TopicStats:
     """One topic's backlog."""
 
@@ -57,11 +77,18 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         """Store ``msgs`` as part of ``tx``. Each becomes due at its ``created_at``."""
         ...
 
-    async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
+    async def claim(
+        self,
+        now: dt.datetime,
+        lease: dt.timedelta,
+        limit: int,
+        *,
+        exclude: Collection[str] = (),
+    ) -> list[Message]:
         """Lease up to ``limit`` due messages, earliest due first, until ``now + lease``.
 
         Increments each message's attempts. Concurrent claims never return the
-        same message.
+        same message. Messages of the topics in ``exclude`` (paused) are left.
         """
         ...
 
@@ -137,6 +164,18 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
 
     async def topic_stats(self) -> list[TopicStats]:
         """Backlog per topic, in topic order."""
+        ...
+
+    async def topics(self) -> dict[str, TopicSettings]:
+        """The topic registry, by topic."""
+        ...
+
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+        """Create or replace one topic's registry entry."""
+        ...
+
+    async def delete_topic(self, topic: str) -> bool:
+        """Remove a topic's entry; return whether there was one."""
         ...
 
 

@@ -65,7 +65,7 @@ async def test_claim_is_served_by_the_partial_index(pg_store: PostgresStore) -> 
         await conn.execute("SET LOCAL enable_seqscan = off")
         cur = await conn.execute(
             b"EXPLAIN " + QUERIES["message_claim"].encode(),
-            {"now": T0, "leased_until": T0 + LEASE, "limit": 10},
+            {"now": T0, "leased_until": T0 + LEASE, "limit": 10, "exclude": ["paused.topic"]},
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())
 

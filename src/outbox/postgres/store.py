@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
 import psycopg
 import psycopg_pool
+from psycopg.types.json import Jsonb
 
 from outbox.errors import NotFound, StoreUnavailable
-from outbox.message import Message
+from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
-from outbox.store import StoredMessage, TopicStats, check_claim
+from outbox.store import StoredMessage, TopicSettings, TopicStats, check_claim
 
 __all__ = ["PostgresStore", "connect_pool"]
 
@@ -36,6 +37,9 @@ _BURIED_LIST = QUERIES["buried_list"]
 _BURIED_REQUEUE = QUERIES["buried_requeue"]
 _BURIED_PURGE = QUERIES["buried_purge"]
 _TOPIC_STATS = QUERIES["topic_stats"]
+_TOPIC_LIST = QUERIES["topic_list"]
+_TOPIC_UPSERT = QUERIES["topic_upsert"]
+_TOPIC_DELETE = QUERIES["topic_delete"]
 
 
 def connect_pool(
@@ -104,9 +108,21 @@ class PostgresStore:
             async with tx.cursor() as cur:
                 await cur.executemany(_INSERT, params)
 
-    async def claim(self, now: dt.datetime, lease: dt.timedelta, limit: int) -> list[Message]:
+    async def claim(
+        self,
+        now: dt.datetime,
+        lease: dt.timedelta,
+        limit: int,
+        *,
+        exclude: Collection[str] = (),
+    ) -> list[Message]:
         check_claim(lease, limit)
-        params = {"now": now, "leased_until": now + lease, "limit": limit}
+        params = {
+            "now": now,
+            "leased_until": now + lease,
+            "limit": limit,
+            "exclude": list(exclude),
+        }
         rows = await self._fetch(_CLAIM, params)
         rows.sort(key=lambda r: (r[5], r[0]))
         utc = dt.UTC
@@ -190,6 +206,26 @@ class PostgresStore:
 
     async def topic_stats(self) -> list[TopicStats]:
         return [TopicStats(*r) for r in await self._fetch(_TOPIC_STATS, {})]
+
+    async def topics(self) -> dict[str, TopicSettings]:
+        return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
+
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+        validate_topic(settings.topic)
+        params = {
+            "topic": settings.topic,
+            "enabled": settings.enabled,
+            "handler": settings.handler,
+            "config": Jsonb(dict(settings.config)),
+            "max_attempts": settings.max_attempts,
+            "timeout": settings.timeout,
+            "source": settings.source,
+            "now": now,
+        }
+        await self._count(_TOPIC_UPSERT, params)
+
+    async def delete_topic(self, topic: str) -> bool:
+        return await self._count(_TOPIC_DELETE, {"topic": topic}) > 0
 
     async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
         async with self._translated(), self.pool.connection() as conn:

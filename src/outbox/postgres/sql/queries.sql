@@ -21,10 +21,18 @@ VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s, %(created_at)s);
 -- out. MATERIALIZED fences the limited, locked selection: without it the
 -- planner may inline the CTE into the UPDATE and lock and update more rows
 -- than the limit.
+--
+-- Topics in %(exclude)s (paused ones) are filtered out while the index is
+-- walked in due order; the walk passes over their due rows, so a large paused
+-- backlog at the head of the queue costs a claim that many index entries.
+-- An index led by topic could skip them but could not give the global due
+-- order a claim needs.
 WITH due AS MATERIALIZED (
     SELECT id, due_at
     FROM outbox_messages
-    WHERE buried_at IS NULL AND due_at <= %(now)s
+    WHERE buried_at IS NULL
+      AND due_at <= %(now)s
+      AND NOT (topic = ANY(%(exclude)s::text[]))
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -113,3 +121,27 @@ SELECT topic,
 FROM outbox_messages
 GROUP BY topic
 ORDER BY topic;
+
+-- topic_list --
+-- The whole topic registry.
+SELECT topic, enabled, handler, config, max_attempts, timeout, source, updated_at
+FROM outbox_topics
+ORDER BY topic;
+
+-- topic_upsert --
+-- Create or replace one topic's registry entry.
+INSERT INTO outbox_topics (topic, enabled, handler, config, max_attempts, timeout, source, updated_at)
+VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
+        %(source)s, %(now)s)
+ON CONFLICT (topic) DO UPDATE
+SET enabled = excluded.enabled,
+    handler = excluded.handler,
+    config = excluded.config,
+    max_attempts = excluded.max_attempts,
+    timeout = excluded.timeout,
+    source = excluded.source,
+    updated_at = excluded.updated_at;
+
+-- topic_delete --
+-- Remove a topic's registry entry (it falls back to its built-in handler).
+DELETE FROM outbox_topics WHERE topic = %(topic)s;

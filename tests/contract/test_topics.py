@@ -1,0 +1,185 @@
+"""The topic registry and how the relay follows it, on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry
+
+from outbox import Message, NotFound, Relay, RelayConfig, Store, backoff, new_message
+from outbox.handlers import KINDS
+from outbox.store import TopicSettings
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+SECOND = dt.timedelta(seconds=1)
+
+
+async def test_registry_round_trip(store: Store[Any]) -> None:
+    entry = TopicSettings(
+        "mail.login_link",
+        enabled=False,
+        handler="log",
+        config={"a": [1, "b"]},
+        max_attempts=3,
+        timeout=dt.timedelta(seconds=5),
+        source="cli",
+    )
+
+    await store.set_topic(entry, T0)
+    await store.set_topic(TopicSettings("orders.placed"), T0)
+
+    topics = await store.topics()
+    assert topics["mail.login_link"] == TopicSettings(
+        "mail.login_link", False, "log", {"a": [1, "b"]}, 3, dt.timedelta(seconds=5), "cli", T0
+    )
+    assert topics["orders.placed"].enabled
+    assert await store.delete_topic("orders.placed")
+    assert not await store.delete_topic("orders.placed")
+    assert set(await store.topics()) == {"mail.login_link"}
+
+
+async def test_claim_leaves_excluded_topics(store: Store[Any]) -> None:
+    paused, live = new_message("a.paused", {}, T0), new_message("b.live", {}, T0)
+    async with store.begin() as tx:
+        await store.add(tx, paused, live)
+
+    claimed = await store.claim(T0, dt.timedelta(minutes=1), 10, exclude=["a.paused"])
+
+    assert [m.id for m in claimed] == [live.id]
+
+
+class Fixture:
+    def __init__(self, store: Store[Any], **config: Any) -> None:
+        self.store = store
+        self.now = T0
+        self.seen: list[tuple[str, int]] = []
+        self.fail = False
+        self.hang = False
+        self.registry = CollectorRegistry()
+        self.relay = Relay(
+            store,
+            {"mail.login_link": self.handle},
+            RelayConfig.model_validate({"interval": "1s", **config}),
+            clock=lambda: self.now,
+            registry=self.registry,
+            kinds=KINDS,
+        )
+
+    async def handle(self, m: Message) -> None:
+        self.seen.append((m.topic, m.attempts))
+        if self.hang:
+            await anyio.sleep_forever()
+        if self.fail:
+            raise RuntimeError("down")
+
+    async def add(self, topic: str = "mail.login_link") -> Message:
+        m = new_message(topic, {}, self.now)
+        async with self.store.begin() as tx:
+            await self.store.add(tx, m)
+        return m
+
+    async def set(self, **fields: Any) -> None:
+        await self.store.set_topic(TopicSettings(**fields), self.now)
+
+    async def next_poll(self) -> int:
+        """Drain after one interval has passed, as the registry cache allows."""
+        self.now += SECOND
+        return await self.relay.drain()
+
+
+@pytest.fixture
+def f(store: Store[Any]) -> Fixture:
+    return Fixture(store)
+
+
+async def test_paused_topic_stays_pending_and_resumes(f: Fixture) -> None:
+    await f.set(topic="mail.login_link", enabled=False)
+    m = await f.add()
+
+    assert await f.next_poll() == 0
+    state = await f.store.get(m.id)
+    assert (state.buried_at, state.message.attempts) == (None, 0)
+
+    await f.set(topic="mail.login_link", enabled=True)
+    assert await f.next_poll() == 1
+    assert f.seen == [("mail.login_link", 1)]
+
+
+async def test_pause_applies_within_one_interval(f: Fixture) -> None:
+    await f.relay.drain()  # reads the (empty) registry
+    await f.set(topic="mail.login_link", enabled=False)
+    await f.add()
+
+    f.now += SECOND - dt.timedelta(milliseconds=1)
+    assert await f.relay.drain() == 1  # the cached registry is at most one interval old
+
+    await f.add()
+    assert await f.next_poll() == 0
+
+
+async def test_max_attempts_override_changes_when_a_message_is_buried(f: Fixture) -> None:
+    await f.set(topic="mail.login_link", max_attempts=2)
+    f.fail = True
+    m = await f.add()
+
+    await f.next_poll()
+    f.now += backoff(1)
+    await f.next_poll()
+
+    state = await f.store.get(m.id)
+    assert state.buried_at is not None
+    assert state.last_error == "RuntimeError: down (after 2 attempts)"
+
+
+async def test_timeout_override_bounds_the_handler(store: Store[Any]) -> None:
+    f = Fixture(store, timeout="30s")
+    await f.set(topic="mail.login_link", timeout=dt.timedelta(milliseconds=50))
+
+    f.hang = True
+    m = await f.add()
+    other = await f.add("orders.placed")
+    await f.set(topic="orders.placed", handler="log")
+
+    await f.next_poll()
+
+    assert (await store.get(m.id)).last_error == "timed out after 50ms"
+    with pytest.raises(NotFound):
+        await store.get(other.id)
+
+
+async def test_generic_kind_delivers_a_new_topic_and_unknown_kind_leaves_it(f: Fixture) -> None:
+    logged = await f.add("orders.placed")
+    unknown = await f.add("orders.shipped")
+    await f.set(topic="orders.placed", handler="log")
+    await f.set(topic="orders.shipped", handler="carrier-pigeon")
+
+    assert await f.next_poll() == 1
+
+    assert f.registry.get_sample_value("outbox_delivered_total", {"topic": "orders.placed"}) == 1
+    with pytest.raises(NotFound):
+        await f.store.get(logged.id)
+    state = await f.store.get(unknown.id)
+    assert (state.buried_at, state.message.attempts) == (None, 0)
+
+
+async def test_topic_without_entry_or_builtin_is_buried_and_builtin_uses_defaults(
+    f: Fixture,
+) -> None:
+    stray = await f.add("billing.invoice")
+    await f.add("mail.login_link")
+
+    await f.next_poll()
+
+    assert (await f.store.get(stray.id)).last_error == "no handler for topic billing.invoice"
+    assert f.seen == [("mail.login_link", 1)]
+
+
+async def test_timeout_at_or_above_the_lease_is_ignored(f: Fixture) -> None:
+    await f.set(topic="mail.login_link", timeout=dt.timedelta(minutes=5))
+
+    await f.next_poll()
+
+    assert f.relay.router.route("mail.login_link").timeout == f.relay.config.timeout
