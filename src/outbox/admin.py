@@ -7,6 +7,7 @@ codes: ``show`` prints one only when asked (``--payload``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import sys
@@ -14,10 +15,19 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from outbox.durations import format_duration
 from outbox.errors import ConfigError
-from outbox.store import Store, StoredMessage
+from outbox.store import Store, StoredMessage, TopicSettings
 
-__all__ = ["list_buried", "purge", "requeue", "show"]
+__all__ = [
+    "DEFAULT",
+    "list_buried",
+    "purge",
+    "requeue",
+    "show",
+    "topics_list",
+    "topics_set",
+]
 
 _ERROR_WIDTH = 60
 
@@ -195,3 +205,89 @@ async def purge(
     done = await store.purge_buried(before, topic=topic)
     out.write(f"deleted {done} buried messages\n")
     return done
+
+
+async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdout) -> None:
+    """The registry with each topic's backlog (topics with messages but no entry too)."""
+    entries = await store.topics()
+    stats = {s.topic: s for s in await store.topic_stats()}
+    names = sorted(set(entries) | set(stats))
+    if output == "json":
+        rows_json = []
+        for name in names:
+            e, st = entries.get(name), stats.get(name)
+            rows_json.append(
+                {
+                    "topic": name,
+                    "registered": e is not None,
+                    "enabled": e.enabled if e else True,
+                    "handler": e.handler if e else None,
+                    "config": dict(e.config) if e else {},
+                    "max_attempts": e.max_attempts if e else None,
+                    "timeout": format_duration(e.timeout) if e and e.timeout else None,
+                    "source": e.source if e else None,
+                    "pending": st.pending if st else 0,
+                    "buried": st.buried if st else 0,
+                }
+            )
+        json.dump(rows_json, out, indent=2)
+        out.write("\n")
+        return
+    if not names:
+        out.write("no topics\n")
+        return
+    rows = [
+        ["TOPIC", "ENABLED", "HANDLER", "MAX ATTEMPTS", "TIMEOUT", "PENDING", "BURIED", "SOURCE"]
+    ]
+    for name in names:
+        e, st = entries.get(name), stats.get(name)
+        rows.append(
+            [
+                name,
+                "yes" if e is None or e.enabled else "paused",
+                (e.handler if e and e.handler else "built-in"),
+                str(e.max_attempts) if e and e.max_attempts else "default",
+                format_duration(e.timeout) if e and e.timeout else "default",
+                str(st.pending if st else 0),
+                str(st.buried if st else 0),
+                (e.source or "-") if e else "(no entry)",
+            ]
+        )
+    table(rows, out)
+
+
+async def topics_set(
+    store: Store[Any],
+    topic: str,
+    now: dt.datetime,
+    *,
+    lease: dt.timedelta,
+    out: TextIO = sys.stdout,
+    **changes: Any,
+) -> TopicSettings:
+    """Change the fields given in ``changes`` of a topic's entry (made if missing).
+
+    ``DEFAULT`` as a value clears an override. A timeout must stay below the
+    relays' lease.
+    """
+    current = (await store.topics()).get(topic) or TopicSettings(topic)
+    fields: dict[str, Any] = {
+        k: (None if v is DEFAULT else v) for k, v in changes.items() if v is not None
+    }
+    if "config" in fields and fields["config"] is None:
+        fields["config"] = {}
+    entry = dataclasses.replace(current, source="cli", **fields)
+    if entry.timeout is not None and entry.timeout >= lease:
+        raise ConfigError(
+            "--timeout",
+            f"{format_duration(entry.timeout)} does not stay below OUTBOX_LEASE "
+            f"({format_duration(lease)})",
+        )
+    await store.set_topic(entry, now)
+    state = "enabled" if entry.enabled else "paused"
+    out.write(f"{topic}: {state}, handler {entry.handler or 'built-in'}\n")
+    return entry
+
+
+DEFAULT: Any = object()
+"""A value for topics_set that clears an override back to the default."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import json
 import logging
 import sys
 import textwrap
@@ -105,6 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     _buried_parser(commands, formatter)
+    _topics_parser(commands, formatter)
 
     env = commands.add_parser(
         "env",
@@ -182,6 +184,107 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     purge.add_argument("--dry-run", action="store_true", help="say what would be deleted")
     purge.add_argument("--yes", action="store_true", help="do not ask")
     purge.set_defaults(func=_buried_purge)
+
+
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argument type that also takes ``default`` (clear the override)."""
+
+    def parse_or_default(text: str) -> Any:
+        return admin.DEFAULT if text == "default" else parse(text)
+
+    return parse_or_default
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    topics = commands.add_parser(
+        "topics",
+        help="list, pause, resume and tune topics (the registry relays read)",
+        description=(
+            "Edit the topic registry every relay reads at most once an interval. In Kubernetes "
+            "the controller writes it from OutboxTopic resources; these commands are for "
+            "everywhere else."
+        ),
+        epilog=_settings_help(ServiceSettings, RelayConfig, only=(*_DATABASE, "OUTBOX_LEASE")),
+        formatter_class=formatter,
+    )
+    actions = topics.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ls = actions.add_parser("list", help="every registered topic and every topic with messages")
+    ls.add_argument("--output", choices=("table", "json"), default="table")
+    ls.set_defaults(func=_topics_list)
+
+    tune = actions.add_parser("set", help="create or change a topic's entry")
+    tune.add_argument("topic", type=_topic)
+    tune.add_argument("--handler", type=_optional(str), help="a handler kind or built-in topic")
+    tune.add_argument("--config", type=_optional(_json_object), help="the handler's config (JSON)")
+    tune.add_argument("--max-attempts", type=_optional(_positive), help="or 'default'")
+    tune.add_argument(
+        "--timeout", type=_optional(_duration), help="below OUTBOX_LEASE, or 'default'"
+    )
+    state = tune.add_mutually_exclusive_group()
+    state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
+    state.add_argument("--paused", dest="enabled", action="store_const", const=False)
+    tune.set_defaults(func=_topics_set)
+
+    for name, enabled in (("pause", False), ("resume", True)):
+        act = actions.add_parser(name, help=f"{name} delivery of a topic")
+        act.add_argument("topic", type=_topic)
+        act.set_defaults(func=_topics_set, enabled=enabled, handler=None, config=None)
+        act.set_defaults(max_attempts=None, timeout=None)
+
+    delete = actions.add_parser(
+        "delete", help="remove a topic's entry: back to its built-in handler (not a pause)"
+    )
+    delete.add_argument("topic", type=_topic)
+    delete.set_defaults(func=_topics_delete)
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    return _with_store(lambda store: admin.topics_list(store, output=args.output))
+
+
+def _topics_set(args: argparse.Namespace) -> int:
+    lease = load(RelayConfig).lease
+    return _with_store(
+        lambda store: admin.topics_set(
+            store,
+            args.topic,
+            system_clock(),
+            lease=lease,
+            enabled=args.enabled,
+            handler=args.handler,
+            config=args.config,
+            max_attempts=args.max_attempts,
+            timeout=args.timeout,
+        )
+    )
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    async def delete(store: PostgresStore) -> None:
+        found = await store.delete_topic(args.topic)
+        print(f"{args.topic}: entry deleted" if found else f"{args.topic}: had no entry")
+
+    return _with_store(delete)
 
 
 def _with_store(work: Callable[[PostgresStore], Awaitable[object]]) -> int:

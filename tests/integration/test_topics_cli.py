@@ -1,0 +1,78 @@
+"""`outbox topics` round trip as a subprocess against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from outbox.postgres import migrate
+from tests.integration.process import add_messages, run_outbox
+
+
+@pytest.fixture
+def db(pg_conninfo: str) -> str:
+    anyio.run(migrate, pg_conninfo)
+    return pg_conninfo
+
+
+def topics(db: str, *args: str) -> tuple[int, str, str]:
+    result = run_outbox("topics", *args, OUTBOX_DATABASE_URL=db)
+    return result.returncode, result.stdout, result.stderr
+
+
+def listed(db: str) -> dict[str, dict[str, object]]:
+    code, out, err = topics(db, "list", "--output", "json")
+    assert code == 0, err
+    return {t["topic"]: t for t in json.loads(out)}
+
+
+def test_set_pause_resume_delete_round_trip(db: str) -> None:
+    add_messages(db, "orders.placed", 2)
+
+    assert (
+        topics(
+            db, "set", "orders.placed", "--handler", "log", "--max-attempts", "3", "--timeout", "5s"
+        )[0]
+        == 0
+    )
+    entry = listed(db)["orders.placed"]
+    assert (entry["handler"], entry["max_attempts"], entry["timeout"]) == ("log", 3, "5s")
+    assert (entry["enabled"], entry["source"], entry["pending"]) == (True, "cli", 2)
+
+    assert topics(db, "pause", "orders.placed") == (0, "orders.placed: paused, handler log\n", "")
+    assert listed(db)["orders.placed"]["enabled"] is False
+    assert listed(db)["orders.placed"]["max_attempts"] == 3  # pausing keeps the rest
+
+    assert topics(db, "resume", "orders.placed")[0] == 0
+    assert topics(db, "set", "orders.placed", "--max-attempts", "default")[0] == 0
+    entry = listed(db)["orders.placed"]
+    assert (entry["enabled"], entry["max_attempts"], entry["handler"]) == (True, None, "log")
+
+    code, out, _ = topics(db, "list")
+    assert code == 0
+    assert out.splitlines()[0].split()[:3] == ["TOPIC", "ENABLED", "HANDLER"]
+
+    assert topics(db, "delete", "orders.placed") == (0, "orders.placed: entry deleted\n", "")
+    assert listed(db)["orders.placed"]["registered"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (("set", "orders.placed", "--timeout", "5m"), "does not stay below OUTBOX_LEASE"),
+        (("set", "orders.placed", "--max-attempts", "0"), "must be at least 1"),
+        (("set", "orders.placed", "--config", "[1]"), "must be a JSON object"),
+        (("pause", "Bad Topic"), "must match"),
+    ],
+)
+def test_bad_topic_settings_are_one_line_exit_2(
+    db: str, args: tuple[str, ...], complaint: str
+) -> None:
+    code, _, err = topics(db, *args)
+
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert complaint in err
+    assert "orders.placed" not in listed(db)
