@@ -29,6 +29,7 @@ from outbox.message import validate_topic
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Handler, system_clock
 from outbox.settings import (
+    ControllerSettings,
     RelayConfig,
     ServiceSettings,
     SmtpSettings,
@@ -95,6 +96,36 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=formatter,
     )
     migrate.set_defaults(func=_migrate)
+
+    controller = commands.add_parser(
+        "controller",
+        help="run the OutboxTopic controller (Kubernetes)",
+        description=textwrap.fill(
+            "Watch OutboxTopic resources and write the topic registry relays read; keep each "
+            "resource's status current. Watches POD_NAMESPACE unless --all-namespaces.",
+            78,
+        ),
+        epilog=_settings_help(
+            ServiceSettings,
+            RelayConfig,
+            ControllerSettings,
+            only=(
+                *_DATABASE,
+                *_LOGS,
+                "OUTBOX_LEASE",
+                "OUTBOX_CONTROLLER_STATUS_INTERVAL",
+                "OUTBOX_CONTROLLER_PEERING",
+            ),
+        ),
+        formatter_class=formatter,
+    )
+    controller.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (cluster-wide)"
+    )
+    controller.add_argument(
+        "--standalone", action="store_true", help="no peering: for a single replica only"
+    )
+    controller.set_defaults(func=_controller)
 
     demo = commands.add_parser(
         "demo",
@@ -374,6 +405,37 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _controller(args: argparse.Namespace) -> int:
+    import os
+
+    from outbox.controller import ControllerConfig, run
+    from outbox.service import database
+
+    settings = _service_settings()
+    lease = load(RelayConfig).lease
+    own = load(ControllerSettings)
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    if not args.all_namespaces and not namespace:
+        raise ConfigError(
+            "POD_NAMESPACE", "unset; set it (the downward API) or pass --all-namespaces"
+        )
+
+    async def main() -> None:
+        async with database(settings) as url:
+            config = ControllerConfig(
+                conninfo=url, lease=lease, status_interval=own.status_interval.total_seconds()
+            )
+            await run(
+                config,
+                namespaces=[namespace],
+                clusterwide=args.all_namespaces,
+                peering=None if args.standalone else own.peering,
+            )
+
+    anyio.run(main)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from outbox.demo import main as demo
 
@@ -381,7 +443,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    rows = variables(ServiceSettings, RelayConfig, SmtpSettings)
+    rows = variables(ServiceSettings, RelayConfig, SmtpSettings, ControllerSettings)
     if args.markdown:
         print("| variable | default | meaning |\n| --- | --- | --- |")
         for name, default, description in rows:

@@ -28,6 +28,7 @@ from outbox.message import validate_topic
 
 __all__ = [
     "ENV_PREFIX",
+    "ControllerSettings",
     "Duration",
     "RelayConfig",
     "ServiceSettings",
@@ -239,3 +240,22 @@ class SmtpSettings(BaseSettings):
 
     def domain(self) -> str:
         return self.message_id_domain or self.from_address.rpartition("@")[2]
+
+
+class ControllerSettings(BaseSettings):
+    """The OutboxTopic controller's own settings (prefix OUTBOX_CONTROLLER_)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=f"{ENV_PREFIX}CONTROLLER_", extra="ignore", frozen=True
+    )
+
+    status_interval: Duration = Field(
+        default=dt.timedelta(seconds=30),
+        gt=dt.timedelta(0),
+        description="How often each OutboxTopic's status (backlog, conditions) is refreshed.",
+    )
+    peering: str = Field(
+        default="outbox-relay",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="kopf peering object: of the replicas sharing it, only one acts.",
+    )

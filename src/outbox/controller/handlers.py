@@ -1,0 +1,140 @@
+"""The kopf operator: OutboxTopic resources -> the topic registry, and back to .status.
+
+kopf is imported here and nowhere else; the decorated functions only adapt
+kopf's arguments and call outbox.controller.reconcile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from typing import Any
+
+import kopf
+
+from outbox.controller.reconcile import backlog, forget, reconcile, source_of
+from outbox.handlers import KINDS
+from outbox.postgres import PostgresStore, connect_pool
+from outbox.relay import Clock, HandlerKind, system_clock
+from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK
+
+__all__ = ["GROUP", "PLURAL", "VERSION", "ControllerConfig", "build_registry"]
+
+GROUP, VERSION, PLURAL = "outbox.dev", "v1alpha1", "outboxtopics"
+BUILTIN_TOPICS = frozenset({LOGIN_LINK, EMAIL_CHANGE})
+
+log = logging.getLogger("outbox.controller")
+
+
+@dataclasses.dataclass
+class ControllerConfig:
+    """What the handlers need: the database, the relays' lease, the status period."""
+
+    conninfo: str
+    lease: dt.timedelta
+    status_interval: float = 30.0
+    clock: Clock = system_clock
+    kinds: dict[str, HandlerKind] = dataclasses.field(default_factory=lambda: dict(KINDS))
+    builtin_topics: frozenset[str] = BUILTIN_TOPICS
+    store: PostgresStore | None = None
+
+
+def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
+    """A kopf registry with the OutboxTopic handlers bound to ``config``."""
+    registry = kopf.OperatorRegistry()
+    resource = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    async def open_pool(settings: kopf.OperatorSettings, **_: Any) -> None:
+        pool = connect_pool(config.conninfo, min_size=1, max_size=2)
+        await pool.open(wait=True, timeout=30)
+        config.store = PostgresStore(pool)
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_pool(**_: Any) -> None:
+        if config.store is not None:
+            await config.store.pool.close()
+
+    def store() -> PostgresStore:
+        assert config.store is not None, "the startup handler opens the pool"
+        return config.store
+
+    async def apply(
+        body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, *, stats: bool
+    ) -> None:
+        outcome = await reconcile(
+            store(),
+            dict(spec),
+            source=source_of(meta.namespace, meta.name or ""),
+            generation=meta.get("generation"),
+            now=config.clock(),
+            lease=config.lease,
+            builtin_topics=config.builtin_topics,
+            kinds=config.kinds,
+        )
+        status = dict(outcome.status)
+        if stats and outcome.ready:
+            status.update(await backlog(store(), status["topic"], config.clock()))
+        for key, value in status.items():
+            patch.status[key] = value
+        if outcome.event:
+            log.info("%s/%s: %s", meta.namespace, meta.name, outcome.event)
+            kopf.info(body, reason="Applied", message=outcome.event)
+        elif not outcome.ready:
+            message = status["conditions"][-1]["message"]
+            kopf.warn(body, reason=status["conditions"][-1]["reason"], message=message)
+
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry, field="spec")
+    @kopf.on.resume(*resource, registry=registry)
+    async def changed(
+        body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, **_: Any
+    ) -> None:
+        await apply(body, spec, meta, patch, stats=True)
+
+    @kopf.timer(*resource, registry=registry, interval=config.status_interval, initial_delay=1)
+    async def refresh(
+        body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, **_: Any
+    ) -> None:
+        # Level-based: also takes over a topic whose former holder was deleted.
+        await apply(body, spec, meta, patch, stats=True)
+
+    @kopf.on.delete(*resource, registry=registry)
+    async def deleted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+        gone = await forget(store(), source_of(meta.namespace, meta.name or ""))
+        if gone:
+            log.info("%s/%s: removed registry entries %s", meta.namespace, meta.name, gone)
+
+    return registry
+
+
+def operator_settings(*, events: bool = True) -> kopf.OperatorSettings:
+    """kopf settings: progress in our own annotations, events when asked for."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="outbox.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="outbox.dev")
+    settings.posting.enabled = events
+    settings.posting.level = logging.INFO
+    settings.scanning.disabled = True
+    return settings
+
+
+async def run(
+    config: ControllerConfig,
+    *,
+    namespaces: list[str],
+    clusterwide: bool,
+    peering: str | None,
+    stop_flag: Any = None,
+) -> None:
+    """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
+    await kopf.operator(
+        registry=build_registry(config),
+        settings=operator_settings(),
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        standalone=peering is None,
+        peering_name=peering,
+        stop_flag=stop_flag,
+    )

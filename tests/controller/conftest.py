@@ -1,0 +1,149 @@
+"""The real kopf operator, in its own thread, against kmock's Kubernetes emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import gc
+import threading
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import kmock
+import kopf
+import pytest
+
+from outbox.controller import ControllerConfig, build_registry, operator_settings
+from outbox.postgres import PostgresStore, migrate
+
+NS = "ns1"
+RES = kmock.resource("outbox.dev", "v1alpha1", "outboxtopics")
+LEASE = dt.timedelta(minutes=2)
+
+
+@pytest.fixture
+async def k8s() -> AsyncIterator[kmock.KubernetesEmulator]:
+    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
+        emulator.resources.load_bundled()
+        emulator.resources[RES] = kmock.ResourceInfo(
+            kind="OutboxTopic",
+            namespaced=True,
+            subresources={"status"},
+            verbs={"get", "list", "watch", "patch", "create", "delete", "update"},
+        )
+        yield emulator
+
+
+async def eventually(
+    what: str, check: Callable[[], Awaitable[bool] | bool], within: float = 10
+) -> None:
+    """Wait for the operator thread to get there."""
+    with anyio.fail_after(within):
+        while True:
+            result = check()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await anyio.sleep(0.05)
+
+
+class Cluster:
+    """Talks to the emulator as kubectl would, and reads back what the operator did."""
+
+    def __init__(self, k8s: kmock.KubernetesEmulator, store: PostgresStore) -> None:
+        self.k8s = k8s
+        self.store = store
+
+    def url(self, name: str = "") -> str:
+        base = f"/apis/outbox.dev/v1alpha1/namespaces/{NS}/outboxtopics"
+        return f"{base}/{name}" if name else base
+
+    async def create(self, name: str, **spec: Any) -> None:
+        body = {
+            "apiVersion": "outbox.dev/v1alpha1",
+            "kind": "OutboxTopic",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": f"uid-{name}",
+                "generation": 1,
+                # kopf guards some patches with a JSON-patch test of it.
+                "resourceVersion": "1",
+            },
+            "spec": spec,
+        }
+        response = await self.k8s.post(self.url(), json=body)
+        assert response.status < 300, await response.text()
+
+    async def edit(self, name: str, **spec: Any) -> None:
+        generation = int(self.obj(name)["metadata"].get("generation", 1)) + 1
+        response = await self.k8s.patch(
+            self.url(name),
+            json={"metadata": {"generation": generation}, "spec": spec},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert response.status < 300, await response.text()
+
+    async def delete(self, name: str) -> None:
+        response = await self.k8s.delete(self.url(name))
+        assert response.status < 300, await response.text()
+
+    def obj(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.k8s.objects[RES, NS, name].raw
+        return found
+
+    def gone(self, name: str) -> bool:
+        return (RES, NS, name) not in self.k8s.objects or self.k8s.objects[RES, NS, name].deleted
+
+    def condition(self, name: str, kind: str = "Ready") -> dict[str, Any] | None:
+        for c in self.obj(name).get("status", {}).get("conditions", []):
+            if c["type"] == kind:
+                return dict(c)
+        return None
+
+
+@pytest.fixture
+async def cluster(
+    k8s: kmock.KubernetesEmulator, pg_store: PostgresStore, pg_conninfo: str
+) -> AsyncIterator[Cluster]:
+    await migrate(pg_conninfo)
+    config = ControllerConfig(conninfo=pg_conninfo, lease=LEASE, status_interval=0.3)
+    registry = build_registry(config)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=str(k8s.url))
+
+    stop, ready = threading.Event(), threading.Event()
+
+    def operate() -> None:
+        # kopf gets a loop of its own: in the test's loop its exit would cancel
+        # the test framework's tasks.
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                settings=operator_settings(events=True),
+                standalone=True,
+                namespaces=[NS],
+                stop_flag=stop,
+                ready_flag=ready,
+            )
+        )
+
+    thread = threading.Thread(target=operate, name="kopf", daemon=True)
+    thread.start()
+    assert await anyio.to_thread.run_sync(ready.wait, 15), "the operator did not start"
+    try:
+        yield Cluster(k8s, pg_store)
+    finally:
+        stop.set()
+        await anyio.to_thread.run_sync(thread.join, 30)
+        assert not thread.is_alive(), "the operator did not stop"
+        # kopf's loop ends with keep-alive connections to the emulator still in
+        # its client's pool; collect them now, quietly, not at some later test.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()

@@ -1,0 +1,146 @@
+"""OutboxTopic resources drive the registry; status tells SREs how it went."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from prometheus_client import CollectorRegistry
+
+from outbox import Message, Relay, RelayConfig, new_message
+from outbox.user.mail import LOGIN_LINK
+from tests.controller.conftest import Cluster, eventually
+
+
+async def entry(cluster: Cluster, topic: str) -> object:
+    return (await cluster.store.topics()).get(topic)
+
+
+async def test_create_edit_delete_drive_the_registry(cluster: Cluster) -> None:
+    await cluster.create("mail-login-link", topic=LOGIN_LINK, enabled=True)
+
+    await eventually("the entry", lambda: _has(cluster, LOGIN_LINK))
+    await eventually(
+        "Ready", lambda: (cluster.condition("mail-login-link") or {}).get("status") == "True"
+    )
+    status = cluster.obj("mail-login-link")["status"]
+    assert status["observedGeneration"] == 1
+    assert (status["topic"], status["handler"], status["enabled"]) == (LOGIN_LINK, "built-in", True)
+    topics = await cluster.store.topics()
+    assert topics[LOGIN_LINK].source == "kubernetes:ns1/mail-login-link"
+
+    await cluster.edit("mail-login-link", enabled=False, maxAttempts=3, timeout="10s")
+    await eventually("the pause", lambda: _enabled(cluster, LOGIN_LINK, False))
+    topics = await cluster.store.topics()
+    assert (topics[LOGIN_LINK].max_attempts, topics[LOGIN_LINK].timeout) == (
+        3,
+        dt.timedelta(seconds=10),
+    )
+    await eventually(
+        "observedGeneration 2",
+        lambda: cluster.obj("mail-login-link")["status"]["observedGeneration"] == 2,
+    )
+
+    await cluster.delete("mail-login-link")
+    await eventually("the entry to go", lambda: _lacks(cluster, LOGIN_LINK))
+    await eventually("the finalizer to be released", lambda: cluster.gone("mail-login-link"))
+
+
+async def test_events_record_each_applied_change(cluster: Cluster) -> None:
+    await cluster.create("orders", topic="orders.placed", handler="log")
+
+    def posted() -> bool:
+        events = [r for r in cluster.k8s if r.url.path.endswith("/events") and r.data]
+        return any("registry updated: orders.placed: enabled" in str(r.data) for r in events)
+
+    await eventually("an Applied event", posted)
+
+
+async def test_second_resource_for_a_topic_reports_a_conflict(cluster: Cluster) -> None:
+    await cluster.create("first", topic="orders.placed", handler="log")
+    await eventually("the first to hold the topic", lambda: _has(cluster, "orders.placed"))
+    await cluster.create("second", topic="orders.placed", handler="log", enabled=False)
+
+    await eventually("a Conflict", lambda: cluster.condition("second", "Conflict") is not None)
+    conflict = cluster.condition("second", "Conflict") or {}
+    assert "governed by OutboxTopic ns1/first" in conflict["message"]
+    assert (cluster.condition("second") or {})["status"] == "False"
+    assert (await cluster.store.topics())["orders.placed"].enabled  # the first one's spec
+
+    await cluster.delete("first")
+    await eventually(
+        "the second to take over", lambda: _enabled(cluster, "orders.placed", False), within=15
+    )
+
+
+async def test_invalid_specs_are_refused_with_a_condition(cluster: Cluster) -> None:
+    await cluster.create("slow", topic=LOGIN_LINK, timeout="5m")
+    await cluster.create("nameless", topic="orders.placed")
+    await cluster.create("odd", topic="orders.shipped", handler="carrier-pigeon")
+
+    for name, words in (
+        ("slow", "does not stay below the relays' lease (2m)"),
+        ("nameless", "has no built-in handler"),
+        ("odd", "'carrier-pigeon' is unknown"),
+    ):
+        await eventually(
+            f"{name} Invalid", lambda n=name: cluster.condition(n, "Invalid") is not None
+        )
+        assert words in (cluster.condition(name, "Invalid") or {})["message"]
+    assert await cluster.store.topics() == {}
+
+
+async def test_status_shows_the_backlog(cluster: Cluster) -> None:
+    now = dt.datetime.now(dt.UTC)
+    waiting = new_message("orders.placed", {}, now - dt.timedelta(minutes=3))
+    async with cluster.store.begin() as tx:
+        await cluster.store.add(tx, waiting, new_message("orders.placed", {}, now))
+
+    await cluster.create("orders", topic="orders.placed", handler="log", enabled=False)
+
+    def counted() -> bool:
+        status = cluster.obj("orders").get("status", {})
+        return status.get("pending") == 2 and status.get("oldestPendingSeconds", 0) >= 180
+
+    await eventually("the backlog in status", counted)
+    assert cluster.obj("orders")["status"]["buried"] == 0
+
+
+async def test_relay_honours_pause_within_a_poll_and_resumes(cluster: Cluster) -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    delivered: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        delivered.append(m)
+
+    relay = Relay(
+        cluster.store,
+        {LOGIN_LINK: handle},
+        RelayConfig.model_validate({"interval": "1s"}),
+        clock=lambda: now,
+        registry=CollectorRegistry(),
+    )
+    await cluster.create("mail-login-link", topic=LOGIN_LINK, enabled=False)
+    await eventually("the pause", lambda: _enabled(cluster, LOGIN_LINK, False))
+    async with cluster.store.begin() as tx:
+        await cluster.store.add(tx, new_message(LOGIN_LINK, {}, now))
+
+    assert await relay.drain() == 0
+
+    await cluster.edit("mail-login-link", enabled=True)
+    await eventually("the resume", lambda: _enabled(cluster, LOGIN_LINK, True))
+    now += dt.timedelta(seconds=1)  # one interval: the relay reads the registry again
+    assert await relay.drain() == 1
+    assert len(delivered) == 1
+
+
+async def _has(cluster: Cluster, topic: str) -> bool:
+    return topic in await cluster.store.topics()
+
+
+async def _lacks(cluster: Cluster, topic: str) -> bool:
+    return topic not in await cluster.store.topics()
+
+
+async def _enabled(cluster: Cluster, topic: str, enabled: bool) -> bool:
+    found = (await cluster.store.topics()).get(topic)
+    return found is not None and found.enabled is enabled

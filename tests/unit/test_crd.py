@@ -1,0 +1,85 @@
+"""The OutboxTopic CRD's schema: the examples pass, bad specs are refused at admission.
+
+Validated with a JSON-schema validator over the openAPIV3Schema the CRD file
+declares (the Kubernetes extensions, like nullable, are mapped to JSON schema).
+Pruning of unknown fields and defaulting are the API server's work and are not
+exercised here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+K8S = Path(__file__).resolve().parents[2] / "k8s"
+CRD = yaml.safe_load((K8S / "crds" / "outboxtopics.outbox.dev.yaml").read_text())
+
+
+def _json_schema(node: Any) -> Any:
+    if isinstance(node, dict):
+        node = {k: _json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+        if node.pop("nullable", False):
+            node["type"] = [node["type"], "null"]
+        return node
+    if isinstance(node, list):
+        return [_json_schema(v) for v in node]
+    return node
+
+
+SCHEMA = _json_schema(CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def valid(obj: dict[str, Any]) -> bool:
+    return jsonschema.Draft7Validator(SCHEMA).is_valid(obj)
+
+
+EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(path: Path) -> None:
+    example = yaml.safe_load(path.read_text())
+
+    assert example["kind"] == CRD["spec"]["names"]["kind"]
+    assert valid(example), list(jsonschema.Draft7Validator(SCHEMA).iter_errors(example))
+
+
+BASE = {"spec": {"topic": "mail.login_link"}}
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"spec": {}}, "topic is required"),
+        ({"spec": {"topic": ""}}, "empty topic"),
+        ({"spec": {"topic": "Mail.Login"}}, "upper case"),
+        ({"spec": {"topic": "a" * 201}}, "too long"),
+        ({"spec": {"topic": "a", "enabled": "yes"}}, "enabled is a boolean"),
+        ({"spec": {"topic": "a", "maxAttempts": 0}}, "maxAttempts below 1"),
+        ({"spec": {"topic": "a", "maxAttempts": 5000}}, "maxAttempts above 1000"),
+        ({"spec": {"topic": "a", "timeout": "30"}}, "timeout without a unit"),
+        ({"spec": {"topic": "a", "timeout": "-5s"}}, "negative timeout"),
+        ({"spec": {"topic": "a", "handler": "Web Hook"}}, "handler name"),
+        ({"spec": {"topic": "a", "config": "url=x"}}, "config is an object"),
+        ({"spec": None}, "spec is required"),
+    ],
+)
+def test_bad_specs_are_refused(change: dict[str, Any], why: str) -> None:
+    obj = copy.deepcopy(BASE)
+    obj.update(change)
+    obj = {k: v for k, v in obj.items() if v is not None}
+
+    assert not valid(obj), why
+
+
+def test_printer_columns_show_what_sres_look_for() -> None:
+    columns = [c["name"] for c in CRD["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+    assert columns == ["Topic", "Handler", "Enabled", "Pending", "Buried", "Oldest", "Ready", "Age"]
+    assert CRD["spec"]["names"]["shortNames"] == ["obt"]
+    assert CRD["spec"]["versions"][0]["subresources"] == {"status": {}}
