@@ -144,3 +144,38 @@ async def _lacks(cluster: Cluster, topic: str) -> bool:
 async def _enabled(cluster: Cluster, topic: str, enabled: bool) -> bool:
     found = (await cluster.store.topics()).get(topic)
     return found is not None and found.enabled is enabled
+
+
+async def test_max_attempts_from_the_resource_decides_when_a_message_is_buried(
+    cluster: Cluster,
+) -> None:
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    async def refuse(m: Message) -> None:
+        raise ConnectionError("smtp down")
+
+    relay = Relay(
+        cluster.store,
+        {LOGIN_LINK: refuse},
+        RelayConfig.model_validate({"interval": "1s", "max_attempts": 8}),
+        clock=lambda: now,
+        registry=CollectorRegistry(),
+    )
+    await cluster.create("mail-login-link", topic=LOGIN_LINK, maxAttempts=2)
+    await eventually("the override", lambda: _max_attempts(cluster, LOGIN_LINK, 2))
+    m = new_message(LOGIN_LINK, {}, now)
+    async with cluster.store.begin() as tx:
+        await cluster.store.add(tx, m)
+
+    for _ in range(2):
+        await relay.drain()
+        now += dt.timedelta(minutes=1)
+
+    state = await cluster.store.get(m.id)
+    assert state.buried_at is not None
+    assert state.message.attempts == 2
+
+
+async def _max_attempts(cluster: Cluster, topic: str, value: int) -> bool:
+    found = (await cluster.store.topics()).get(topic)
+    return found is not None and found.max_attempts == value

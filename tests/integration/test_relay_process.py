@@ -312,3 +312,13 @@ def test_without_database_url_relay_runs_on_embedded_postgres_and_stops_it(
     said = [r["message"] for r in relay.log_records()]
     assert sum("embedded PostgreSQL" in m and "no OUTBOX_DATABASE_URL" in m for m in said) == 1
     assert not (data / "pgdata" / "postmaster.pid").exists(), "embedded server still running"
+
+
+def test_controller_needs_a_namespace_or_all_namespaces(pg_conninfo: str) -> None:
+    result = run_outbox("controller", OUTBOX_DATABASE_URL=pg_conninfo)
+
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "outbox controller: POD_NAMESPACE: unset; set it (the downward API) "
+        "or pass --all-namespaces"
+    )
