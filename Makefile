@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench manifests clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("outbox-relay needs Python >= 3.11; run with PYTHON=python3.12 (or similar)" if sys.version_info < (3, 11) else 0)'
@@ -30,6 +30,10 @@ lint: $(STAMP)
 ## bench: throughput figures (see BENCHMARKS.md)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+## manifests: regenerate k8s/ from the chart
+manifests: $(STAMP)
+	$(BIN)/python -m tests.chart.render
 
 clean:
 	rm -rf $(VENV) .outbox .mypy_cache .ruff_cache .pytest_cache

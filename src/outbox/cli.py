@@ -430,6 +430,7 @@ def _controller(args: argparse.Namespace) -> int:
                 namespaces=[namespace],
                 clusterwide=args.all_namespaces,
                 peering=None if args.standalone else own.peering,
+                health_port=own.health_port,
             )
 
     anyio.run(main)

@@ -126,6 +126,7 @@ async def run(
     namespaces: list[str],
     clusterwide: bool,
     peering: str | None,
+    health_port: int | None = None,
     stop_flag: Any = None,
 ) -> None:
     """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
@@ -137,4 +138,5 @@ async def run(
         standalone=peering is None,
         peering_name=peering,
         stop_flag=stop_flag,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
     )
