@@ -115,6 +115,10 @@ class Relay:
         self.clock = clock or system_clock
         self.metrics = RelayMetrics.of(registry)
         self._by_topic: dict[str, _TopicMetrics] = {}
+        # Export every known topic's counters at 0 from the start: increase()
+        # needs a sample before the first burial to see it.
+        for topic in self.handlers:
+            self._metrics(topic)
         self._stopping = False
         self._wake: anyio.Event | None = None
         self._report_by = math.inf
@@ -187,6 +191,8 @@ class Relay:
         """Read the topic registry now (poll() does it at most once an interval)."""
         self.router.update(await self.store.topics())
         self._routes_until = self.clock() + self.config.interval
+        for topic in self.router.routes:
+            self._metrics(topic)
 
     async def poll(self) -> int:
         """Claim one batch, deliver it concurrently and settle it; return its size."""

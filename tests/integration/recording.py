@@ -53,3 +53,15 @@ async def record(m: Message) -> None:
 
 def handlers() -> dict[str, Any]:
     return {TOPIC: record}
+
+
+FAILING = "test.fail"
+
+
+async def fail(m: Message) -> None:
+    raise ConnectionRefusedError("receiver down")
+
+
+def failing_handlers() -> dict[str, Any]:
+    """A topic whose handler always fails, so its messages end up buried."""
+    return {FAILING: fail}
