@@ -15,6 +15,7 @@ from outbox.errors import (
     NotFound,
     OutboxError,
     Permanent,
+    RetryAfter,
     StoreUnavailable,
 )
 from outbox.message import Message, new_message
@@ -34,6 +35,7 @@ __all__ = [
     "Permanent",
     "Relay",
     "RelayConfig",
+    "RetryAfter",
     "Store",
     "StoreUnavailable",
     "StoredMessage",

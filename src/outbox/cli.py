@@ -30,6 +30,7 @@ from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Handler, system_clock
 from outbox.settings import (
     ControllerSettings,
+    NatsSettings,
     RelayConfig,
     ServiceSettings,
     SmtpSettings,
@@ -83,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
             "finish within OUTBOX_TIMEOUT and unfinished messages are handed back.",
             78,
         ),
-        epilog=_settings_help(ServiceSettings, RelayConfig, SmtpSettings),
+        epilog=_settings_help(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings),
         formatter_class=formatter,
     )
     relay.set_defaults(func=_relay)
@@ -444,7 +445,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    rows = variables(ServiceSettings, RelayConfig, SmtpSettings, ControllerSettings)
+    rows = variables(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings, ControllerSettings)
     if args.markdown:
         print("| variable | default | meaning |\n| --- | --- | --- |")
         for name, default, description in rows:

@@ -7,6 +7,7 @@ exception makes the relay retry it later.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "NotFound",
     "OutboxError",
     "Permanent",
+    "RetryAfter",
     "StoreUnavailable",
 ]
 
@@ -50,6 +52,18 @@ class Permanent(OutboxError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
+        self.reason = reason
+
+
+class RetryAfter(OutboxError):
+    """Raised by a handler: retry, but not before ``delay`` (a receiver's Retry-After).
+
+    The attempt still counts towards max_attempts.
+    """
+
+    def __init__(self, delay: dt.timedelta, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
         self.reason = reason
 
 

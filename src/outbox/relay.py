@@ -27,7 +27,7 @@ import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.durations import format_duration
-from outbox.errors import Dropped, Permanent, StoreUnavailable
+from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable
 from outbox.message import Message, validate_topic
 from outbox.metrics import RelayMetrics
 from outbox.routing import Handler, HandlerKind, Route, Router
@@ -76,6 +76,7 @@ class _Outcomes:
     released: list[Message] = dataclasses.field(default_factory=list)
     dropped: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     routes: dict[uuid.UUID, Route] = dataclasses.field(default_factory=dict)
+    delays: dict[uuid.UUID, dt.timedelta] = dataclasses.field(default_factory=dict)
 
 
 class _TopicMetrics:
@@ -271,6 +272,9 @@ class Relay:
         except Dropped as exc:
             out.acked.append(m)
             out.dropped.append((m, exc.reason))
+        except RetryAfter as exc:
+            out.failed.append((m, exc.reason))
+            out.delays[m.id] = exc.delay
         except Exception as exc:
             out.failed.append((m, f"{type(exc).__name__}: {exc}"))
         else:
@@ -316,7 +320,7 @@ class Relay:
             if m.attempts >= out.routes[m.id].max_attempts:
                 out.buried.append((m, f"{reason} (after {m.attempts} attempts)"))
                 continue
-            wait = backoff(m.attempts)
+            wait = out.delays.get(m.id) or backoff(m.attempts)
             await self.store.retry(m.id, now + wait, reason[:_REASON_MAX])
             self._metrics(m.topic).retried.inc()
             log.warning(

@@ -22,12 +22,12 @@ from outbox.backlog import Backlog
 from outbox.durations import format_duration
 from outbox.embedded import EmbeddedPostgres
 from outbox.errors import OutboxError
-from outbox.handlers import KINDS
+from outbox.handlers import HandlerKinds
 from outbox.http import ProbeServer
 from outbox.logs import redact
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
-from outbox.settings import RelayConfig, ServiceSettings
+from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, load
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
 
@@ -125,7 +125,8 @@ async def _serve(
 ) -> None:
     async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
         store = PostgresStore(pool)
-        relay = Relay(store, handlers, config, kinds=KINDS)
+        kinds = HandlerKinds(nats=load(NatsSettings))
+        relay = Relay(store, handlers, config, kinds=kinds.mapping)
         shutdown.relay = relay
 
         async def ready() -> bool:
@@ -154,8 +155,12 @@ async def _serve(
             )
             if shutdown.requested:
                 relay.stop()
-            await relay.run()
-            tg.cancel_scope.cancel()
+            try:
+                await relay.run()
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await kinds.aclose()
     log.info("relay stopped; pool closed")
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "ENV_PREFIX",
     "ControllerSettings",
     "Duration",
+    "NatsSettings",
     "RelayConfig",
     "ServiceSettings",
     "SmtpSettings",
@@ -262,3 +263,26 @@ class ControllerSettings(BaseSettings):
     health_port: int = Field(
         default=8080, ge=1, le=65535, description="Port of the controller's /healthz."
     )
+
+
+class NatsSettings(BaseSettings):
+    """The NATS servers the nats handler publishes to (prefix OUTBOX_NATS_)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}NATS_", extra="ignore", frozen=True)
+
+    url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL(s), comma-separated; the client reconnects among them.",
+    )
+    user: str | None = Field(default=None, description="NATS user, with OUTBOX_NATS_PASSWORD.")
+    password: SecretStr | None = Field(default=None, description="NATS password (a secret).")
+    token: SecretStr | None = Field(default=None, description="NATS token (a secret).")
+    creds_file: Path | None = Field(default=None, description="NATS credentials file (JWT/NKey).")
+    connect_timeout: Duration = Field(
+        default=dt.timedelta(seconds=2),
+        gt=dt.timedelta(0),
+        description="Longest wait for one connection attempt.",
+    )
+
+    def servers(self) -> list[str]:
+        return [u.strip() for u in self.url.split(",") if u.strip()]

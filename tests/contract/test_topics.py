@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from outbox import Message, NotFound, Relay, RelayConfig, Store, backoff, new_message
-from outbox.handlers import KINDS
+from outbox.handlers import HandlerKinds
 from outbox.store import TopicSettings
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -65,7 +65,7 @@ class Fixture:
             RelayConfig.model_validate({"interval": "1s", **config}),
             clock=lambda: self.now,
             registry=self.registry,
-            kinds=KINDS,
+            kinds=HandlerKinds().mapping,
         )
 
     async def handle(self, m: Message) -> None:

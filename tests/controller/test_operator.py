@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
+import nats
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
+from outbox.handlers import HandlerKinds
+from outbox.settings import NatsSettings
 from outbox.user.mail import LOGIN_LINK
 from tests.controller.conftest import Cluster, eventually
+from tests.integration.test_nats import NatsServer
+from tests.integration.test_webhook import Receiver
 
 
 async def entry(cluster: Cluster, topic: str) -> object:
@@ -179,3 +186,71 @@ async def test_max_attempts_from_the_resource_decides_when_a_message_is_buried(
 async def _max_attempts(cluster: Cluster, topic: str, value: int) -> bool:
     found = (await cluster.store.topics()).get(topic)
     return found is not None and found.max_attempts == value
+
+
+async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    receiver = Receiver()
+    app = web.Application()
+    app.router.add_post("/hook", receiver.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    server = NatsServer(tmp_path / "js")
+    server.start()
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    await js.add_stream(name="SHIPPING", subjects=["shipping.>"])
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    kinds = HandlerKinds(clock=lambda: now, nats=NatsSettings.model_validate({"url": server.url}))
+    relay = Relay(
+        cluster.store,
+        {},
+        RelayConfig.model_validate({"interval": "1s"}),
+        clock=lambda: now,
+        registry=CollectorRegistry(),
+        kinds=kinds.mapping,
+    )
+    try:
+        await relay.drain()  # the relay runs before the topics exist
+        await cluster.create(
+            "orders-webhook", topic="orders.placed", handler="webhook", config={"url": url}
+        )
+        await cluster.create(
+            "orders-nats",
+            topic="orders.shipped",
+            handler="nats",
+            config={"subject": "shipping.orders"},
+        )
+        await eventually("both bindings", lambda: _count(cluster, 2))
+        async with cluster.store.begin() as tx:
+            await cluster.store.add(
+                tx,
+                new_message("orders.placed", {"n": 1}, now),
+                new_message("orders.shipped", {"n": 2}, now),
+            )
+        now += dt.timedelta(seconds=1)
+
+        assert await relay.drain() == 2
+
+        assert len(receiver.requests) == 1
+        assert (await js.stream_info("SHIPPING")).state.messages == 1
+    finally:
+        await kinds.aclose()
+        await nc.close()
+        server.stop()
+        await runner.cleanup()
+
+
+async def test_webhook_without_a_url_is_invalid(cluster: Cluster) -> None:
+    await cluster.create("hook", topic="orders.placed", handler="webhook", config={})
+
+    await eventually("Invalid", lambda: cluster.condition("hook", "Invalid") is not None)
+    assert "url" in (cluster.condition("hook", "Invalid") or {})["message"]
+
+
+async def _count(cluster: Cluster, n: int) -> bool:
+    return len(await cluster.store.topics()) == n

@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from outbox.controller.reconcile import backlog, forget, reconcile, source_of
-from outbox.handlers import KINDS
+from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
 from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK
@@ -35,7 +35,9 @@ class ControllerConfig:
     lease: dt.timedelta
     status_interval: float = 30.0
     clock: Clock = system_clock
-    kinds: dict[str, HandlerKind] = dataclasses.field(default_factory=lambda: dict(KINDS))
+    kinds: dict[str, HandlerKind] = dataclasses.field(
+        default_factory=lambda: HandlerKinds().mapping
+    )
     builtin_topics: frozenset[str] = BUILTIN_TOPICS
     store: PostgresStore | None = None
 

