@@ -34,6 +34,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "existing secrets": {
         "database": {"existingSecret": "pg-url", "secretKey": "dsn"},
         "smtp": {"enabled": True, "host": "smtp.example.com", "existingSecret": "smtp-login"},
+        "nats": {"url": "nats://nats:4222", "user": "relay", "existingSecret": "nats-login"},
+        "relay": {
+            "extraEnv": [
+                {
+                    "name": "BILLING_WEBHOOK_SECRET",
+                    "valueFrom": {"secretKeyRef": {"name": "billing", "key": "secret"}},
+                }
+            ]
+        },
     },
     "cluster-wide": {"controller": {"watchAllNamespaces": True}},
     "dev": yaml.safe_load((CHART.parent / "dev-values.yaml").read_text()),
