@@ -8,15 +8,28 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["BacklogMetrics", "RelayMetrics"]
 
 _lock = threading.Lock()
-_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, RelayMetrics] = (
+_made: weakref.WeakKeyDictionary[CollectorRegistry, dict[type[Any], Any]] = (
     weakref.WeakKeyDictionary()
 )
+M = TypeVar("M")
+
+
+def _once(cls: type[M], registry: CollectorRegistry | None) -> M:
+    """The ``cls`` collectors of ``registry``: registering them twice is an error."""
+    registry = REGISTRY if registry is None else registry
+    with _lock:
+        made = _made.setdefault(registry, {})
+        if cls not in made:
+            made[cls] = cls(registry)  # type: ignore[call-arg]
+        found: M = made[cls]
+        return found
 
 
 class RelayMetrics:
@@ -31,12 +44,7 @@ class RelayMetrics:
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
         """The metrics registered in ``registry`` (default: the global one), made once."""
-        registry = REGISTRY if registry is None else registry
-        with _lock:
-            found = _by_registry.get(registry)
-            if found is None:
-                found = _by_registry[registry] = cls(registry)
-            return found
+        return _once(cls, registry)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.delivered = Counter(
@@ -82,12 +90,7 @@ class BacklogMetrics:
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> BacklogMetrics:
         """The gauges registered in ``registry`` (default: the global one), made once."""
-        registry = REGISTRY if registry is None else registry
-        with _lock:
-            found = _backlog_by_registry.get(registry)
-            if found is None:
-                found = _backlog_by_registry[registry] = cls(registry)
-            return found
+        return _once(cls, registry)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.buried = Gauge(
@@ -108,8 +111,3 @@ class BacklogMetrics:
             ["topic"],
             registry=registry,
         )
-
-
-_backlog_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, BacklogMetrics] = (
-    weakref.WeakKeyDictionary()
-)

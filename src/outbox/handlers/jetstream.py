@@ -17,8 +17,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from outbox.handlers.config import parse_config
 from outbox.message import Message
 from outbox.routing import Handler
 from outbox.settings import NatsSettings
@@ -44,14 +45,7 @@ class NatsKind:
         self._lock: anyio.Lock | None = None
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
-        try:
-            cfg = NatsConfig.model_validate(dict(config))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                for e in exc.errors(include_input=False, include_url=False)
-            )
-            raise ValueError(problems) from None
+        cfg = parse_config(NatsConfig, config)
 
         async def publish(m: Message) -> None:
             js = await self._jetstream()

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from outbox.errors import Permanent, RetryAfter
+from outbox.handlers.config import parse_config
 from outbox.message import Message
 from outbox.relay import Clock
 from outbox.routing import Handler
@@ -72,14 +73,7 @@ class WebhookKind:
         self._session: aiohttp.ClientSession | None = None
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
-        try:
-            cfg = WebhookConfig.model_validate(dict(config))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}"
-                for e in exc.errors(include_input=False, include_url=False)
-            )
-            raise ValueError(problems) from None
+        cfg = parse_config(WebhookConfig, config)
         for name in cfg.headers:
             if name.lower() in ("authorization", "cookie") or "\n" in name:
                 raise ValueError(f"headers: {name} must not be set from config (no secrets)")

@@ -68,18 +68,33 @@ class SmtpSender:
             raise
 
 
-def _headers(
-    mail: EmailMessage, *, sender: str, to: str, subject: str, m: Message, domain: str, clock: Clock
-) -> None:
+def _email(
+    m: Message,
+    *,
+    to: str,
+    subject: str,
+    text: str,
+    html_body: str,
+    settings: SmtpSettings,
+    clock: Clock,
+) -> EmailMessage:
+    """An email with plain-text and HTML parts and a Message-ID from the message id.
+
+    CR or LF in a header value is refused: that is how header injection starts.
+    """
     for name, value in (("to", to), ("subject", subject)):
         if "\r" in value or "\n" in value:
             raise Permanent(f"refusing to send: CR/LF in the {name} header (header injection)")
-    mail["From"] = sender
+    mail = EmailMessage()
+    mail["From"] = settings.from_address
     mail["To"] = to
     mail["Subject"] = subject
     mail["Date"] = email.utils.format_datetime(clock())
-    mail["Message-ID"] = f"<{m.id}@{domain}>"
+    mail["Message-ID"] = f"<{m.id}@{settings.domain()}>"
     mail["Outbox-Topic"] = m.topic
+    mail.set_content(text)
+    mail.add_alternative(html_body, subtype="html")
+    return mail
 
 
 def _when(p: LoginLink | EmailChange) -> str:
@@ -90,60 +105,50 @@ def compose_login_link(
     m: Message, p: LoginLink, settings: SmtpSettings, clock: Clock
 ) -> EmailMessage:
     """The sign-in email: link and code, as plain text and HTML."""
-    mail = EmailMessage()
-    _headers(
-        mail,
-        sender=settings.from_address,
+    return _email(
+        m,
         to=p.to,
         subject="Your sign-in link",
-        m=m,
-        domain=settings.domain(),
+        text=(
+            f"Hello,\n\nSign in with this link:\n\n  {p.link}\n\n"
+            f"or enter this code: {p.code}\n\nBoth work once, until {_when(p)}.\n"
+            "If you did not ask to sign in, ignore this email.\n"
+        ),
+        html_body=(
+            "<p>Hello,</p>"
+            f'<p><a href="{html.escape(p.link)}">Sign in</a> or enter this code: '
+            f"<strong>{html.escape(p.code)}</strong></p>"
+            f"<p>Both work once, until {html.escape(_when(p))}.</p>"
+            "<p>If you did not ask to sign in, ignore this email.</p>"
+        ),
+        settings=settings,
         clock=clock,
     )
-    mail.set_content(
-        f"Hello,\n\nSign in with this link:\n\n  {p.link}\n\n"
-        f"or enter this code: {p.code}\n\nBoth work once, until {_when(p)}.\n"
-        "If you did not ask to sign in, ignore this email.\n"
-    )
-    mail.add_alternative(
-        "<p>Hello,</p>"
-        f'<p><a href="{html.escape(p.link)}">Sign in</a> or enter this code: '
-        f"<strong>{html.escape(p.code)}</strong></p>"
-        f"<p>Both work once, until {html.escape(_when(p))}.</p>"
-        "<p>If you did not ask to sign in, ignore this email.</p>",
-        subtype="html",
-    )
-    return mail
 
 
 def compose_email_change(
     m: Message, p: EmailChange, settings: SmtpSettings, clock: Clock
 ) -> EmailMessage:
     """The confirmation email to the new address, as plain text and HTML."""
-    mail = EmailMessage()
-    _headers(
-        mail,
-        sender=settings.from_address,
+    return _email(
+        m,
         to=p.to,
         subject="Confirm your new email address",
-        m=m,
-        domain=settings.domain(),
+        text=(
+            f"Hello,\n\nYou asked to change your account's email from {p.previous} to this "
+            f"address. Confirm it with this link:\n\n  {p.link}\n\n"
+            f"It works once, until {_when(p)}.\nIf you did not ask for this, ignore this email.\n"
+        ),
+        html_body=(
+            f"<p>Hello,</p><p>You asked to change your account's email from "
+            f"{html.escape(p.previous)} to this address.</p>"
+            f'<p><a href="{html.escape(p.link)}">Confirm the new address</a></p>'
+            f"<p>It works once, until {html.escape(_when(p))}.</p>"
+            "<p>If you did not ask for this, ignore this email.</p>"
+        ),
+        settings=settings,
         clock=clock,
     )
-    mail.set_content(
-        f"Hello,\n\nYou asked to change your account's email from {p.previous} to this "
-        f"address. Confirm it with this link:\n\n  {p.link}\n\n"
-        f"It works once, until {_when(p)}.\nIf you did not ask for this, ignore this email.\n"
-    )
-    mail.add_alternative(
-        f"<p>Hello,</p><p>You asked to change your account's email from "
-        f"{html.escape(p.previous)} to this address.</p>"
-        f'<p><a href="{html.escape(p.link)}">Confirm the new address</a></p>'
-        f"<p>It works once, until {html.escape(_when(p))}.</p>"
-        "<p>If you did not ask for this, ignore this email.</p>",
-        subtype="html",
-    )
-    return mail
 
 
 def _payload(m: Message, model: type[P]) -> P:
