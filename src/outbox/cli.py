@@ -473,10 +473,11 @@ def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
             raise ConfigError("OUTBOX_LOG_TOPICS", f"{topic} already has a handler")
         handlers[topic] = log_handler
     if not handlers:
-        raise ConfigError(
-            "OUTBOX_HANDLERS",
-            "no handlers enabled; a relay without them would bury every message it claims "
-            "(set OUTBOX_SMTP_HOST, OUTBOX_HANDLERS=module:attribute or OUTBOX_LOG_TOPICS)",
+        # Topics bound in the registry (webhook, nats, log) still flow; a topic
+        # neither bound nor built in is buried with "no handler", as always.
+        log.warning(
+            "no built-in handlers enabled (OUTBOX_SMTP_HOST, OUTBOX_HANDLERS, OUTBOX_LOG_TOPICS): "
+            "only topics bound in the topic registry are delivered"
         )
     return handlers
 

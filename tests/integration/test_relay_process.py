@@ -207,7 +207,6 @@ def test_second_signal_exits_at_once_and_hands_the_batch_back(
         ({"OUTBOX_HANDLERS": "no-colon"}, "OUTBOX_HANDLERS"),
         ({"OUTBOX_HANDLERS": "tests.nowhere:handlers"}, "OUTBOX_HANDLERS"),
         ({"OUTBOX_LOG_TOPICS": "Bad Topic"}, "OUTBOX_LOG_TOPICS"),
-        ({"OUTBOX_LOG_TOPICS": ""}, "OUTBOX_HANDLERS"),
     ],
 )
 def test_bad_configuration_is_one_line_naming_the_setting(
@@ -322,3 +321,14 @@ def test_controller_needs_a_namespace_or_all_namespaces(pg_conninfo: str) -> Non
         "outbox controller: POD_NAMESPACE: unset; set it (the downward API) "
         "or pass --all-namespaces"
     )
+
+
+def test_relay_without_builtin_handlers_starts_and_says_so(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    relay = RelayProcess(tmp_path, OUTBOX_DATABASE_URL=db)
+    relays.append(relay)
+
+    relay.wait_ready()
+
+    assert any("no built-in handlers enabled" in r["message"] for r in relay.log_records())
