@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import nats
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
@@ -15,7 +15,7 @@ from outbox.settings import NatsSettings
 from outbox.user.mail import LOGIN_LINK
 from tests.controller.conftest import Cluster, eventually
 from tests.integration.test_nats import NatsServer
-from tests.integration.test_webhook import Receiver
+from tests.integration.test_webhook import Receiver, serving
 
 
 async def entry(cluster: Cluster, topic: str) -> object:
@@ -191,14 +191,9 @@ async def _max_attempts(cluster: Cluster, topic: str, value: int) -> bool:
 async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    receiver = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", receiver.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    stack = AsyncExitStack()
+    receiver = await stack.enter_async_context(serving(Receiver()))
+    url = receiver.url
     server = NatsServer(tmp_path / "js")
     server.start()
     nc = await nats.connect(server.url)
@@ -242,7 +237,7 @@ async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
         await kinds.aclose()
         await nc.close()
         server.stop()
-        await runner.cleanup()
+        await stack.aclose()
 
 
 async def test_webhook_without_a_url_is_invalid(cluster: Cluster) -> None:

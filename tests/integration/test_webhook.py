@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -44,9 +45,9 @@ class Receiver:
         )
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    r = Receiver()
+@asynccontextmanager
+async def serving(r: Receiver) -> AsyncIterator[Receiver]:
+    """Serve ``r`` on a loopback port; ``r.url`` is its address."""
     app = web.Application()
     app.router.add_post("/hook", r.handle)
     runner = web.AppRunner(app)
@@ -55,9 +56,17 @@ async def receiver() -> AsyncIterator[Receiver]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     r.url = f"http://127.0.0.1:{port}/hook"
-    yield r
-    r.released.set()
-    await runner.cleanup()
+    try:
+        yield r
+    finally:
+        r.released.set()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    async with serving(Receiver()) as r:
+        yield r
 
 
 class Hooked:
