@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from pathlib import Path
 
 import anyio
 import pytest
@@ -204,3 +205,18 @@ def test_bad_arguments_are_one_line_exit_2_and_change_nothing(
     assert len(err.strip().splitlines()) == 1, err
     assert complaint in err
     assert buried.count() == 4
+
+
+def test_commands_work_on_the_embedded_default(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    listed = run_outbox(
+        "buried", "list", "--output", "json", timeout=120, OUTBOX_DATA_DIR=str(data)
+    )
+    topics = run_outbox("topics", "pause", "orders.placed", timeout=120, OUTBOX_DATA_DIR=str(data))
+    shown = run_outbox("topics", "list", timeout=120, OUTBOX_DATA_DIR=str(data))
+
+    assert (listed.returncode, json.loads(listed.stdout)) == (0, []), listed.stderr
+    assert topics.returncode == 0, topics.stderr
+    assert "orders.placed  paused" in shown.stdout
+    assert not (data / "pgdata" / "postmaster.pid").exists(), "the embedded server was left running"
