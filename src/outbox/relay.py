@@ -302,7 +302,7 @@ class Relay:
     async def _settle(self, out: _Outcomes) -> None:
         if out.acked:
             await self.store.ack_many([m.id for m in out.acked])
-            dropped = {m.id for m, _ in out.dropped}
+            dropped = {m.id for m, _ in out.dropped} if out.dropped else ()
             for m in out.acked:
                 if m.id not in dropped:
                     self._metrics(m.topic).delivered.inc()
