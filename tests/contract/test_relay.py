@@ -279,6 +279,18 @@ async def test_logs_name_message_but_never_payload(
     assert "someone@example.com" not in caplog.text
 
 
+def hang(f: Fixture) -> anyio.Event:
+    """Make ``f``'s handler never finish; the event is set once it has started."""
+    started = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        started.set()
+        await anyio.Event().wait()
+
+    f.handle = handle
+    return started
+
+
 async def run_until(relay: Relay, started: anyio.Event, then: Callable[[], None]) -> None:
     """Run the relay's loop; once ``started`` is set call ``then``; return when run() does."""
     async with anyio.create_task_group() as tg:
@@ -313,13 +325,7 @@ async def test_stop_lets_in_flight_handlers_finish(store: Store[Any]) -> None:
 
 async def test_stop_releases_what_outlives_the_deadline(store: Store[Any]) -> None:
     f = Fixture(store, interval="10ms", timeout="100ms", lease="10s")
-    started = anyio.Event()
-
-    async def handle(m: Message) -> None:
-        started.set()
-        await anyio.Event().wait()
-
-    f.handle = handle
+    started = hang(f)
     m = await f.add()
 
     with anyio.fail_after(5):
@@ -334,13 +340,7 @@ async def test_stop_releases_what_outlives_the_deadline(store: Store[Any]) -> No
 
 async def test_cancelling_the_loop_hands_the_batch_back(store: Store[Any]) -> None:
     f = Fixture(store, interval="10ms", lease="1m")
-    started = anyio.Event()
-
-    async def handle(m: Message) -> None:
-        started.set()
-        await anyio.Event().wait()
-
-    f.handle = handle
+    started = hang(f)
     m = await f.add()
 
     with anyio.fail_after(5):

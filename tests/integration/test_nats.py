@@ -13,17 +13,14 @@ from typing import Any
 
 import nats
 import pytest
-from prometheus_client import CollectorRegistry
 
-from outbox import Message, Relay, RelayConfig, Store, backoff, new_message
+from outbox import Store, backoff
 from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
 from outbox.settings import NatsSettings
-from outbox.store import TopicSettings
+from tests.integration.kinds import TOPIC, KindRelay
 from tests.integration.process import free_port
 
-T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)
-TOPIC = "orders.placed"
 BINARY = Path(sys.executable).parent / "nats-server"
 
 
@@ -82,30 +79,13 @@ async def orders(server: NatsServer) -> AsyncIterator[Any]:
     await nc.close()
 
 
-class Publisher:
+class Publisher(KindRelay):
     def __init__(self, store: Store[Any], url: str, **config: Any) -> None:
-        self.store = store
-        self.now = T0
         settings = NatsSettings.model_validate({"url": url, "connect_timeout": "500ms"})
-        self.kinds = HandlerKinds(nats=settings)
-        self.relay = Relay(
-            store,
-            {},
-            RelayConfig.model_validate({"timeout": "2s", "lease": "1m", **config}),
-            clock=lambda: self.now,
-            registry=CollectorRegistry(),
-            kinds=self.kinds.mapping,
-        )
+        super().__init__(store, {"order": 7}, nats=settings, **config)
 
     async def bind(self, subject: str = "orders.placed") -> None:
-        entry = TopicSettings(TOPIC, handler="nats", config={"subject": subject})
-        await self.store.set_topic(entry, self.now)
-
-    async def add(self) -> Message:
-        m = new_message(TOPIC, {"order": 7}, self.now)
-        async with self.store.begin() as tx:
-            await self.store.add(tx, m)
-        return m
+        await self.bind_kind("nats", {"subject": subject})
 
 
 @pytest.fixture

@@ -13,15 +13,13 @@ from typing import Any
 import anyio
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from outbox import Message, NotFound, Relay, RelayConfig, Store, backoff, new_message
+from outbox import NotFound, Store, backoff
 from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
 from outbox.store import TopicSettings
+from tests.integration.kinds import T0, TOPIC, KindRelay
 
-T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)
-TOPIC = "orders.placed"
 SECRET = "whsec-test-0123456789"
 
 
@@ -69,30 +67,14 @@ async def receiver() -> AsyncIterator[Receiver]:
         yield r
 
 
-class Hooked:
+class Hooked(KindRelay):
     def __init__(self, store: Store[Any], url: str, **config: Any) -> None:
-        self.store = store
-        self.now = T0
-        self.kinds = HandlerKinds(clock=lambda: self.now)
+        super().__init__(store, {"order": 42, "total": "9.99"}, **config)
         self.url = url
-        self.relay = Relay(
-            store,
-            {},
-            RelayConfig.model_validate({"timeout": "2s", "lease": "1m", **config}),
-            clock=lambda: self.now,
-            registry=CollectorRegistry(),
-            kinds=self.kinds.mapping,
-        )
 
     async def bind(self, **extra: Any) -> None:
         config = {"url": self.url, "secret_env": "OUTBOX_TEST_WEBHOOK_SECRET", **extra}
-        await self.store.set_topic(TopicSettings(TOPIC, handler="webhook", config=config), self.now)
-
-    async def add(self) -> Message:
-        m = new_message(TOPIC, {"order": 42, "total": "9.99"}, self.now)
-        async with self.store.begin() as tx:
-            await self.store.add(tx, m)
-        return m
+        await self.bind_kind("webhook", config)
 
 
 @pytest.fixture
