@@ -2,9 +2,11 @@
 
 It keeps the whole contract (tests/contract runs the same suite against it and
 PostgreSQL): messages added inside ``begin()`` become visible only when the
-block commits, claims lease, buried messages stay. All state lives in one
-process and one event loop; every method runs without yielding between its
-reads and writes, which is what makes concurrent claims exclusive here.
+block commits, claims lease under fresh tokens, stale write-backs change
+nothing, buried messages stay. Its time is its own ``clock`` (the wall clock
+by default), as PostgreSQL's is ``now()``. All state lives in one process and
+one event loop; every method runs without yielding between its reads and
+writes, which is what makes concurrent claims exclusive here.
 """
 
 from __future__ import annotations
@@ -12,13 +14,22 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from outbox.durations import format_duration
 from outbox.errors import NotFound
 from outbox.message import Message, validate_topic
-from outbox.store import StoredMessage, TopicSettings, TopicStats, check_claim
+from outbox.store import (
+    Claimed,
+    RelayInfo,
+    StoredMessage,
+    TopicSettings,
+    TopicStats,
+    check_claim,
+    message_ids,
+)
 
 __all__ = ["MemoryStore", "MemoryTx"]
 
@@ -28,6 +39,8 @@ class _Row:
     message: Message
     due_at: dt.datetime
     leased_until: dt.datetime | None = None
+    token: uuid.UUID | None = None
+    solo: bool = False
     last_error: str | None = None
     buried_at: dt.datetime | None = None
     requeues: int = 0
@@ -55,11 +68,14 @@ class MemoryTx:
 
 
 class MemoryStore:
-    """A Store that keeps messages in a dict."""
+    """A Store that keeps messages in a dict; ``clock`` is its time."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], dt.datetime] | None = None) -> None:
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._rows: dict[uuid.UUID, _Row] = {}
         self._topics: dict[str, TopicSettings] = {}
+        self._relays: dict[uuid.UUID, RelayInfo] = {}
+        self._unserved: dict[str, dt.datetime] = {}
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[MemoryTx]:
@@ -85,27 +101,53 @@ class MemoryStore:
 
     async def claim(
         self,
-        now: dt.datetime,
+        now: dt.datetime | None,
         lease: dt.timedelta,
         limit: int,
         *,
-        exclude: Collection[str] = (),
-    ) -> list[Message]:
+        topics: Collection[str] | None = None,
+        caps: Mapping[str, int] | None = None,
+        isolate: bool = False,
+        solo: bool = False,
+    ) -> Claimed:
         check_claim(lease, limit)
-        excluded = set(exclude)
+        now = now or self.clock()
+        free = None if topics is None else set(topics)
+        left = {t: n for t, n in (caps or {}).items() if n > 0}
         due = sorted(
             (
                 r
                 for r in self._rows.values()
-                if r.buried_at is None and r.due_at <= now and r.message.topic not in excluded
+                if r.buried_at is None
+                and r.due_at <= now
+                and (free is None or r.message.topic in free or r.message.topic in left)
+                and (not solo or r.leased_until is not None)
             ),
             key=lambda r: (r.due_at, r.message.id),
-        )[:limit]
-        until = now + lease
-        claimed = []
+        )
+        picked = []
         for row in due:
-            row.message = dataclasses.replace(row.message, attempts=row.message.attempts + 1)
+            topic = row.message.topic
+            if free is not None and topic not in free:
+                if left.get(topic, 0) < 1:
+                    continue
+                left[topic] -= 1
+            picked.append(row)
+            if len(picked) == limit:
+                break
+        token = uuid.uuid4()
+        until = now + lease
+        claimed = Claimed()
+        for row in picked:
+            orphan = row.leased_until is not None
+            if orphan and isolate and not solo:
+                claimed.orphans += 1
+                continue
+            forgiven = solo and orphan and not row.solo
+            attempts = row.message.attempts + (0 if forgiven else 1)
+            row.message = dataclasses.replace(row.message, attempts=attempts, lease=token)
             row.due_at = row.leased_until = until
+            row.token, row.solo = token, solo
             claimed.append(row.message)
         return claimed
 
@@ -116,28 +158,105 @@ class MemoryStore:
     async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
         return sum(self._rows.pop(i, None) is not None for i in set(message_ids))
 
-    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
-        row = self._row(message_id)
-        row.due_at, row.leased_until, row.last_error = at, None, reason
+    async def retry_many(
+        self,
+        items: Sequence[tuple[Message, dt.timedelta, str]],
+        *,
+        now: dt.datetime | None = None,
+    ) -> set[uuid.UUID]:
+        now = now or self.clock()
+        done = set()
+        for m, delay, reason in items:
+            row = self._held(m)
+            if row is not None:
+                row.due_at, row.leased_until, row.last_error = now + delay, None, reason
+                done.add(m.id)
+        return done
 
-    async def bury(
-        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
-    ) -> None:
-        row = self._row(message_id)
-        row.buried_at = at or dt.datetime.now(dt.UTC)
-        row.leased_until, row.last_error = None, reason
+    async def bury_many(
+        self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        now = now or self.clock()
+        done = set()
+        for m, reason in items:
+            row = self._held(m)
+            if row is not None:
+                row.buried_at, row.leased_until, row.last_error = now, None, reason
+                done.add(m.id)
+        return done
 
-    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
-        released = 0
-        for message_id in set(message_ids):
+    async def release(
+        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        now = now or self.clock()
+        released = set()
+        ids, tokens = message_ids(messages)
+        for message_id, token in dict(zip(ids, tokens, strict=True)).items():
             row = self._rows.get(message_id)
             if row is None or row.buried_at is not None:
+                continue
+            if token is not None and row.token != token:
                 continue
             attempts = max(row.message.attempts - 1, 0)
             row.message = dataclasses.replace(row.message, attempts=attempts)
             row.due_at, row.leased_until = now, None
-            released += 1
+            released.add(message_id)
         return released
+
+    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
+        row = self._target(message)
+        if row is None:
+            return False
+        row.due_at, row.leased_until, row.last_error = at, None, reason
+        return True
+
+    async def bury(
+        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+    ) -> bool:
+        row = self._target(message)
+        if row is None:
+            return False
+        row.buried_at = at or self.clock()
+        row.leased_until, row.last_error = None, reason
+        return True
+
+    async def register_relay(
+        self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> dt.datetime:
+        now = now or self.clock()
+        started = self._relays[relay.id].started_at if relay.id in self._relays else now
+        self._relays[relay.id] = dataclasses.replace(
+            relay, started_at=started, seen_at=now, expires_at=now + ttl
+        )
+        return now
+
+    async def unregister_relay(self, relay_id: uuid.UUID) -> None:
+        self._relays.pop(relay_id, None)
+
+    async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
+        now = now or self.clock()
+        live = [r for r in self._relays.values() if r.expires_at and r.expires_at > now]
+        return sorted(live, key=lambda r: (r.started_at or now, r.id))
+
+    async def bury_unserved(
+        self, grace: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> list[tuple[uuid.UUID, str]]:
+        now = now or self.clock()
+        served = {t for r in await self.relays(now=now) for t in r.topics}
+        waiting = {
+            r.message.topic for r in self._rows.values() if r.buried_at is None and r.due_at <= now
+        }
+        unserved = waiting - served - set(self._topics)
+        expired = {t for t in unserved if t in self._unserved and self._unserved[t] <= now - grace}
+        self._unserved = {t: self._unserved.get(t, now) for t in unserved}
+        why = f" (no live relay served it for {format_duration(grace)})"
+        buried = []
+        for r in self._rows.values():
+            if r.message.topic in expired and r.buried_at is None and r.due_at <= now:
+                r.buried_at, r.leased_until = now, None
+                r.last_error = f"no handler for topic {r.message.topic}{why}"
+                buried.append((r.message.id, r.message.topic))
+        return buried
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return self._row(message_id).state()
@@ -170,6 +289,7 @@ class MemoryStore:
             for r in rows:
                 r.message = dataclasses.replace(r.message, attempts=0)
                 r.buried_at, r.leased_until, r.due_at = None, None, now
+                r.token, r.solo = None, False
                 r.requeues += 1
                 r.requeued_at = now
         return [r.message.id for r in rows]
@@ -198,10 +318,10 @@ class MemoryStore:
     async def topics(self) -> dict[str, TopicSettings]:
         return dict(self._topics)
 
-    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         validate_topic(settings.topic)
         self._topics[settings.topic] = dataclasses.replace(
-            settings, config=dict(settings.config), updated_at=now
+            settings, config=dict(settings.config), updated_at=now or self.clock()
         )
 
     async def delete_topic(self, topic: str) -> bool:
@@ -216,6 +336,19 @@ class MemoryStore:
             and (wanted is None or r.message.id in wanted)
             and (topic is None or r.message.topic == topic)
         ]
+
+    def _held(self, m: Message) -> _Row | None:
+        """``m``'s row while the lease ``m`` carries still holds it."""
+        row = self._rows.get(m.id)
+        if row is None or row.buried_at is not None or row.token != m.lease:
+            return None
+        return row
+
+    def _target(self, message: Message | uuid.UUID) -> _Row | None:
+        """An unfenced operator write's row (NotFound if missing), or a fenced one's."""
+        if isinstance(message, Message) and message.lease is not None:
+            return self._held(message)
+        return self._row(message.id if isinstance(message, Message) else message)
 
     def _row(self, message_id: uuid.UUID) -> _Row:
         try:

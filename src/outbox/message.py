@@ -36,7 +36,17 @@ class Message:
     created_at: dt.datetime
     """UTC. The message is first due at this time."""
     attempts: int = 0
-    """Times the message was claimed, this one included. Set by ``Store.claim``."""
+    """Times the message was claimed, this one included. Set by ``Store.claim``.
+
+    A claim that finds the message's earlier lease ran out while it shared its
+    relay with other messages does not count that lost attempt (another message
+    may have crashed the relay); see the relay's poison isolation.
+    """
+    lease: uuid.UUID | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The token of the claim that leased it. The store applies a write-back that
+    carries it (retry, bury, release) only while no later claim has taken the
+    message: a relay that stalled past its lease changes nothing. Set by
+    ``Store.claim``; None on a message that was never claimed."""
 
     def json(self) -> Any:
         """The payload, decoded."""

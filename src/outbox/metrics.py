@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["BacklogMetrics", "RelayMetrics"]
+__all__ = ["BacklogMetrics", "RelayMetrics", "TopicMetrics"]
 
 _lock = threading.Lock()
 _made: weakref.WeakKeyDictionary[CollectorRegistry, dict[type[Any], Any]] = (
@@ -32,6 +32,19 @@ def _once(cls: type[M], registry: CollectorRegistry | None) -> M:
         return found
 
 
+class TopicMetrics:
+    """One topic's children of the relay's collectors, looked up once."""
+
+    __slots__ = ("buried", "delivered", "duration", "lease_lost", "retried")
+
+    def __init__(self, metrics: RelayMetrics, topic: str) -> None:
+        self.delivered = metrics.delivered.labels(topic)
+        self.buried = metrics.buried.labels(topic)
+        self.retried = metrics.retried.labels(topic)
+        self.duration = metrics.duration.labels(topic)
+        self.lease_lost = metrics.lease_lost.labels(topic)
+
+
 class RelayMetrics:
     """The relay's collectors in one registry, shared by every relay using it."""
 
@@ -40,13 +53,24 @@ class RelayMetrics:
     retried: Counter
     dropped: Counter
     duration: Histogram
+    lease_lost: Counter
+    clock_skew: Gauge
+    in_flight: Gauge
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
         """The metrics registered in ``registry`` (default: the global one), made once."""
         return _once(cls, registry)
 
+    def topic(self, topic: str) -> TopicMetrics:
+        """``topic``'s children, made (and exported at 0) on first use."""
+        found = self._topics.get(topic)
+        if found is None:
+            found = self._topics[topic] = TopicMetrics(self, topic)
+        return found
+
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._topics: dict[str, TopicMetrics] = {}
         self.delivered = Counter(
             "outbox_delivered",
             "Messages delivered and acknowledged.",
@@ -77,6 +101,23 @@ class RelayMetrics:
             ["topic"],
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.lease_lost = Counter(
+            "outbox_lease_lost",
+            "Write-backs that changed nothing because another claim had taken the "
+            "message (this relay held it past its lease).",
+            ["topic"],
+            registry=registry,
+        )
+        self.clock_skew = Gauge(
+            "outbox_clock_skew_seconds",
+            "This relay's clock minus the database's (leases use the database's).",
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "outbox_in_flight_messages",
+            "Messages this relay has claimed and not yet settled.",
+            registry=registry,
         )
 
 

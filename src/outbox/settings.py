@@ -73,6 +73,37 @@ class RelayConfig(BaseSettings):
     max_attempts: int = Field(
         default=8, ge=1, le=1_000, description="Deliveries tried before a message is buried."
     )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description=(
+            "Most deliveries one relay keeps in flight; it claims more as they finish. "
+            "Unset: 4 x OUTBOX_BATCH."
+        ),
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description=(
+            "Most deliveries of one topic in flight in one relay (a topic's maxInFlight "
+            "overrides it). Unset: no cap below OUTBOX_CONCURRENCY."
+        ),
+    )
+    unserved_grace: Duration = Field(
+        default=dt.timedelta(minutes=10),
+        gt=dt.timedelta(0),
+        description=(
+            "How long a topic no live relay serves waits before its messages are buried "
+            "with 'no handler' (covers rolling deploys)."
+        ),
+    )
+
+    @property
+    def slots(self) -> int:
+        """OUTBOX_CONCURRENCY, or its default: four batches."""
+        return self.concurrency or 4 * self.batch
 
     @field_validator("lease")
     @classmethod

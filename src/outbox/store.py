@@ -4,6 +4,15 @@ A message is *due* when it is not buried, its retry time has passed and its
 lease, if any, has ended. Claims lease due messages; concurrent claims never
 return the same message; a message whose relay crashed is claimed again when
 its lease ends. Delivery is therefore at least once.
+
+Every claim gives what it leases a fresh lease token (``Message.lease``). A
+write-back that carries the token (retry, bury, release) applies only while
+the row still carries it, so a relay that stalled past its lease can change
+nothing the current holder does. A bare id is an operator's unfenced write.
+
+Time is the store's own (the database's ``now()``; MemoryStore's clock): the
+``now`` arguments exist for tests that drive an injected clock, and relays
+pass durations, so a relay with a skewed clock cannot move a lease.
 """
 
 from __future__ import annotations
@@ -17,7 +26,16 @@ from typing import Any, Protocol, TypeVar
 from outbox.message import Message
 from outbox.uow import UnitOfWork
 
-__all__ = ["Store", "StoredMessage", "TopicSettings", "TopicStats", "check_claim"]
+__all__ = [
+    "Claimed",
+    "RelayInfo",
+    "Store",
+    "StoredMessage",
+    "TopicSettings",
+    "TopicStats",
+    "check_claim",
+    "message_ids",
+]
 
 Tx = TypeVar("Tx")
 
@@ -54,6 +72,8 @@ class TopicSettings:
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     max_attempts: int | None = None
     timeout: dt.timedelta | None = None
+    max_in_flight: int | None = None
+    """At most this many deliveries of the topic in flight in one relay (None: no cap)."""
     source: str | None = None
     updated_at: dt.datetime | None = None
 
@@ -70,25 +90,72 @@ class TopicStats:
     """Creation time of the oldest message not buried."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelayInfo:
+    """One running relay process as the fleet sees it."""
+
+    id: uuid.UUID
+    host: str
+    """Pod name (POD_NAME) or host name."""
+    pid: int
+    version: str
+    topics: tuple[str, ...]
+    """The topics it can deliver (paused ones included)."""
+    kinds: tuple[str, ...]
+    """The handler kinds it has (log, webhook, nats)."""
+    started_at: dt.datetime | None = None
+    seen_at: dt.datetime | None = None
+    expires_at: dt.datetime | None = None
+    """Once past, the relay no longer counts as live (it died or stalled)."""
+
+
+class Claimed(list[Message]):
+    """What one claim leased, plus how many orphans it left for a solo claim.
+
+    An orphan is a due message whose earlier lease ran out unsettled. An
+    isolating claim leaves orphans alone (``orphans`` counts those it passed)
+    so the relay can deliver each on its own.
+    """
+
+    orphans: int = 0
+
+
 class Store(UnitOfWork[Tx], Protocol[Tx]):
-    """Keeps messages until they are delivered."""
+    """Keeps messages until they are delivered.
+
+    Grouped by who calls what: producers (``begin``, ``add``), relays
+    (``claim`` and the batch write-backs, the fleet methods), operators
+    (``get``, ``retry``/``bury`` on bare ids, the buried-message methods) and
+    the registry (``topics``, ``set_topic``, ``delete_topic``).
+    """
+
+    # -- producers ---------------------------------------------------------
 
     async def add(self, tx: Tx, /, *msgs: Message) -> None:
         """Store ``msgs`` as part of ``tx``. Each becomes due at its ``created_at``."""
         ...
 
+    # -- relays ------------------------------------------------------------
+
     async def claim(
         self,
-        now: dt.datetime,
+        now: dt.datetime | None,
         lease: dt.timedelta,
         limit: int,
         *,
-        exclude: Collection[str] = (),
-    ) -> list[Message]:
-        """Lease up to ``limit`` due messages, earliest due first, until ``now + lease``.
+        topics: Collection[str] | None = None,
+        caps: Mapping[str, int] | None = None,
+        isolate: bool = False,
+        solo: bool = False,
+    ) -> Claimed:
+        """Lease up to ``limit`` due messages, earliest due first, for ``lease``.
 
-        Increments each message's attempts. Concurrent claims never return the
-        same message. Messages of the topics in ``exclude`` (paused) are left.
+        Each claimed message gets a fresh lease token and one more attempt.
+        Concurrent claims never return the same message. ``now`` None is the
+        store's time. ``topics`` (None: all) are claimed freely; each topic in
+        ``caps`` at most that many. ``isolate`` leaves orphans and counts them;
+        ``solo`` claims only orphans and does not count the attempt that an
+        orphan lost while it shared its lease.
         """
         ...
 
@@ -97,32 +164,86 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         ...
 
     async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
-        """Remove delivered messages in one round trip; return how many were there."""
+        """Remove delivered messages in one round trip; return how many were there.
+
+        Not fenced: a delivered message needs no more delivery, whoever holds it.
+        """
         ...
 
-    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
+    async def retry_many(
+        self,
+        items: Sequence[tuple[Message, dt.timedelta, str]],
+        *,
+        now: dt.datetime | None = None,
+    ) -> set[uuid.UUID]:
+        """Make each (message, delay, reason) due again after delay, keeping reason.
+
+        Fenced by each message's lease token; returns the ids written. The
+        others lost their lease (another claim took them, or they are gone).
+        """
+        ...
+
+    async def bury_many(
+        self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        """Bury each (message, reason), fenced by its lease token; return the ids written."""
+        ...
+
+    async def release(
+        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        """Hand leased messages back, due at once, without counting the attempt.
+
+        For a relay that stops before it could finish them, so another relay
+        takes them without waiting for the lease to end. A Message is fenced by
+        its lease token; buried or missing ones are skipped. Returns the ids
+        released.
+        """
+        ...
+
+    async def register_relay(
+        self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> dt.datetime:
+        """Record or refresh ``relay``, live for ``ttl``; return the store's time."""
+        ...
+
+    async def unregister_relay(self, relay_id: uuid.UUID) -> None:
+        """Remove a relay that exits cleanly."""
+        ...
+
+    async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
+        """The live relays, oldest first."""
+        ...
+
+    async def bury_unserved(
+        self, grace: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> list[tuple[uuid.UUID, str]]:
+        """Bury due messages of topics nobody has served for ``grace``; return (id, topic).
+
+        A topic is unserved while no live relay serves it and it has no
+        registry entry (a paused or bound topic waits for its relays). The
+        store notes since when; a topic noted now is buried by a later call.
+        """
+        ...
+
+    # -- operators ---------------------------------------------------------
+
+    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
         """End the lease and make the message due again at ``at``, keeping ``reason``.
 
-        Raises NotFound if it is not there.
+        A bare id is an operator's write: unfenced, NotFound if the message is
+        not there. A claimed Message is fenced by its lease token: False, and
+        nothing changed, if that lease no longer holds it.
         """
         ...
 
     async def bury(
-        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
-    ) -> None:
+        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+    ) -> bool:
         """Stop delivering a message and keep it, with ``reason``, for an operator.
 
-        ``at`` is when it was buried (default: the wall clock). Raises NotFound
-        if it is not there.
-        """
-        ...
-
-    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
-        """Hand leased messages back, due at ``now``, without counting the attempt.
-
-        For a relay that stops before it could finish them, so another relay
-        takes them without waiting for the lease to end. Buried or missing ids
-        are skipped; returns how many were released.
+        ``at`` is when it was buried (default: the store's time). Fenced like
+        :meth:`retry`.
         """
         ...
 
@@ -166,11 +287,13 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         """Backlog per topic, in topic order."""
         ...
 
+    # -- the topic registry ------------------------------------------------
+
     async def topics(self) -> dict[str, TopicSettings]:
         """The topic registry, by topic."""
         ...
 
-    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         """Create or replace one topic's registry entry."""
         ...
 
@@ -185,3 +308,19 @@ def check_claim(lease: dt.timedelta, limit: int) -> None:
         raise ValueError(f"outbox: lease must be positive, got {lease}")
     if limit < 1:
         raise ValueError(f"outbox: limit must be at least 1, got {limit}")
+
+
+def message_ids(
+    messages: Sequence[Message | uuid.UUID],
+) -> tuple[list[uuid.UUID], list[uuid.UUID | None]]:
+    """Ids and lease tokens (None for bare ids) of ``messages``."""
+    ids: list[uuid.UUID] = []
+    tokens: list[uuid.UUID | None] = []
+    for m in messages:
+        if isinstance(m, Message):
+            ids.append(m.id)
+            tokens.append(m.lease)
+        else:
+            ids.append(m)
+            tokens.append(None)
+    return ids, tokens

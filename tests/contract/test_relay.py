@@ -110,7 +110,9 @@ async def test_drain_returns_how_many_it_handled(f: Fixture) -> None:
     assert f.metric("outbox_delivered_total") == 25
 
 
-async def test_topic_without_handler_is_buried_without_calling_anything(f: Fixture) -> None:
+async def test_topic_without_handler_is_buried_after_the_grace_without_calling_anything(
+    f: Fixture,
+) -> None:
     called: list[Message] = []
 
     async def handle(m: Message) -> None:
@@ -119,11 +121,19 @@ async def test_topic_without_handler_is_buried_without_calling_anything(f: Fixtu
     f.handle = handle
     m = await f.add("billing.invoice")
 
+    await f.drain()  # the first sweep notes the topic as unserved
+    f.now += f.relay.config.unserved_grace - dt.timedelta(seconds=1)
+    await f.drain()
+    assert (await f.store.get(m.id)).buried_at is None
+    f.now += f.relay.fleet.sweep_every  # the next sweep is at most this far off
     await f.drain()
 
     state = await f.store.get(m.id)
-    assert state.buried_at == T0
-    assert state.last_error == "no handler for topic billing.invoice"
+    assert state.buried_at == f.now
+    assert state.last_error == (
+        "no handler for topic billing.invoice (no live relay served it for 10m)"
+    )
+    assert state.message.attempts == 0
     assert called == []
     assert f.metric("outbox_buried_total", "billing.invoice") == 1
 
@@ -166,9 +176,7 @@ async def test_message_is_buried_once_attempts_reach_max_attempts(store: Store[A
     assert f.metric("outbox_buried_total") == 1
 
 
-async def test_message_claimed_too_often_without_finishing_is_buried_unread(
-    store: Store[Any],
-) -> None:
+async def test_message_that_keeps_dying_alone_is_buried_unread(store: Store[Any]) -> None:
     f = Fixture(store, max_attempts=2)
     called: list[Message] = []
 
@@ -178,18 +186,24 @@ async def test_message_claimed_too_often_without_finishing_is_buried_unread(
     f.handle = handle
     m = await f.add()
     lease = f.relay.config.lease
-    # Two relays took the message and died before settling it (a poison message
-    # that crashes the process looks exactly like this).
-    for _ in range(2):
-        assert len(await store.claim(f.now, lease, 10)) == 1
+    # Relays took the message and died before settling it: first alongside
+    # others (not counted), then twice on its own (counted).
+    assert len(await store.claim(f.now, lease, 10)) == 1
+    for attempts in (1, 2):
         f.now += lease
+        [again] = await store.claim(f.now, lease, 1, isolate=True, solo=True)
+        assert again.attempts == attempts
+    f.now += lease
 
     await f.drain()
 
     assert called == []
     state = await store.get(m.id)
     assert state.buried_at is not None
-    assert state.last_error == "claimed 3 times without finishing; it may crash the relay"
+    assert state.last_error == (
+        "claimed 3 times; delivered alone, it never finished (its relay died or stalled): "
+        "it may crash the relay"
+    )
 
 
 async def test_handler_that_outlives_timeout_is_retried(store: Store[Any]) -> None:
@@ -368,4 +382,3 @@ async def test_loop_reports_alive_while_it_polls(store: Store[Any]) -> None:
         await run_until(f.relay, delivered, f.relay.stop)
 
     assert f.relay.alive()
-    assert f.relay.last_poll is not None

@@ -25,6 +25,7 @@ async def test_registry_round_trip(store: Store[Any]) -> None:
         config={"a": [1, "b"]},
         max_attempts=3,
         timeout=dt.timedelta(seconds=5),
+        max_in_flight=4,
         source="cli",
     )
 
@@ -33,7 +34,15 @@ async def test_registry_round_trip(store: Store[Any]) -> None:
 
     topics = await store.topics()
     assert topics["mail.login_link"] == TopicSettings(
-        "mail.login_link", False, "log", {"a": [1, "b"]}, 3, dt.timedelta(seconds=5), "cli", T0
+        "mail.login_link",
+        enabled=False,
+        handler="log",
+        config={"a": [1, "b"]},
+        max_attempts=3,
+        timeout=dt.timedelta(seconds=5),
+        max_in_flight=4,
+        source="cli",
+        updated_at=T0,
     )
     assert topics["orders.placed"].enabled
     assert await store.delete_topic("orders.placed")
@@ -41,14 +50,15 @@ async def test_registry_round_trip(store: Store[Any]) -> None:
     assert set(await store.topics()) == {"mail.login_link"}
 
 
-async def test_claim_leaves_excluded_topics(store: Store[Any]) -> None:
+async def test_claim_takes_only_the_topics_asked_for(store: Store[Any]) -> None:
     paused, live = new_message("a.paused", {}, T0), new_message("b.live", {}, T0)
     async with store.begin() as tx:
         await store.add(tx, paused, live)
 
-    claimed = await store.claim(T0, dt.timedelta(minutes=1), 10, exclude=["a.paused"])
+    claimed = await store.claim(T0, dt.timedelta(minutes=1), 10, topics=["b.live"])
 
     assert [m.id for m in claimed] == [live.id]
+    assert await store.claim(T0, dt.timedelta(minutes=1), 10, topics=[]) == []
 
 
 class Fixture:
@@ -165,15 +175,20 @@ async def test_generic_kind_delivers_a_new_topic_and_unknown_kind_leaves_it(f: F
     assert (state.buried_at, state.message.attempts) == (None, 0)
 
 
-async def test_topic_without_entry_or_builtin_is_buried_and_builtin_uses_defaults(
+async def test_topic_without_entry_or_builtin_waits_the_grace_and_builtin_uses_defaults(
     f: Fixture,
 ) -> None:
     stray = await f.add("billing.invoice")
     await f.add("mail.login_link")
 
     await f.next_poll()
+    assert (await f.store.get(stray.id)).buried_at is None
+    f.now += f.relay.config.unserved_grace
+    await f.next_poll()
 
-    assert (await f.store.get(stray.id)).last_error == "no handler for topic billing.invoice"
+    assert (await f.store.get(stray.id)).last_error == (
+        "no handler for topic billing.invoice (no live relay served it for 10m)"
+    )
     assert f.seen == [("mail.login_link", 1)]
 
 

@@ -15,7 +15,7 @@ from outbox.handlers.jetstream import NatsKind
 from outbox.handlers.webhook import WebhookKind
 from outbox.message import Message
 from outbox.relay import Clock, system_clock
-from outbox.routing import Handler, HandlerKind
+from outbox.relay.routing import Handler, HandlerKind
 from outbox.settings import NatsSettings
 
 __all__ = ["HandlerKinds", "log_handler"]

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.handlers.config import parse_config
 from outbox.message import Message
-from outbox.routing import Handler
+from outbox.relay.routing import Handler
 from outbox.settings import NatsSettings
 
 __all__ = ["NatsConfig", "NatsKind"]

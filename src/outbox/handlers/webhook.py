@@ -27,7 +27,7 @@ from outbox.errors import Permanent, RetryAfter
 from outbox.handlers.config import parse_config
 from outbox.message import Message
 from outbox.relay import Clock
-from outbox.routing import Handler
+from outbox.relay.routing import Handler
 
 __all__ = ["WebhookConfig", "WebhookKind", "sign"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -18,10 +18,19 @@ import psycopg
 import psycopg_pool
 from psycopg.types.json import Jsonb
 
+from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
-from outbox.store import StoredMessage, TopicSettings, TopicStats, check_claim
+from outbox.store import (
+    Claimed,
+    RelayInfo,
+    StoredMessage,
+    TopicSettings,
+    TopicStats,
+    check_claim,
+    message_ids,
+)
 
 __all__ = ["PostgresStore", "connect_pool"]
 
@@ -30,7 +39,9 @@ _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _RETRY = QUERIES["message_retry"]
+_RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
+_BURY_MANY = QUERIES["message_bury_many"]
 _GET = QUERIES["message_get"]
 _RELEASE = QUERIES["message_release"]
 _BURIED_LIST = QUERIES["buried_list"]
@@ -40,6 +51,15 @@ _TOPIC_STATS = QUERIES["topic_stats"]
 _TOPIC_LIST = QUERIES["topic_list"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
+_RELAY_REGISTER = QUERIES["relay_register"]
+_RELAY_UNREGISTER = QUERIES["relay_unregister"]
+_RELAY_LIST = QUERIES["relay_list"]
+_RELAY_FORGET_DEAD = QUERIES["relay_forget_dead"]
+_SWEEP_LOCK = QUERIES["sweep_lock"]
+_UNSERVED_BURY = QUERIES["unserved_bury"]
+
+# One sweeper at a time across every relay sharing the database.
+_SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
 
 
 def connect_pool(
@@ -110,32 +130,45 @@ class PostgresStore:
 
     async def claim(
         self,
-        now: dt.datetime,
+        now: dt.datetime | None,
         lease: dt.timedelta,
         limit: int,
         *,
-        exclude: Collection[str] = (),
-    ) -> list[Message]:
+        topics: Collection[str] | None = None,
+        caps: Mapping[str, int] | None = None,
+        isolate: bool = False,
+        solo: bool = False,
+    ) -> Claimed:
         check_claim(lease, limit)
+        token = uuid.uuid4()
+        capped = {t: n for t, n in (caps or {}).items() if n > 0}
         params = {
             "now": now,
-            "leased_until": now + lease,
+            "lease": lease,
             "limit": limit,
-            "exclude": list(exclude),
+            "token": token,
+            "topics": None if topics is None else list(topics),
+            "capped": list(capped),
+            "caps": list(capped.values()),
+            "isolate": isolate,
+            "solo": solo,
         }
         rows = await self._fetch(_CLAIM, params)
-        rows.sort(key=lambda r: (r[5], r[0]))
         utc = dt.UTC
-        return [
+        claimed = Claimed(
             Message(
                 id=r[0],
                 topic=r[1],
                 payload=r[2].encode(),
                 created_at=r[3].astimezone(utc),
                 attempts=r[4],
+                lease=token,
             )
             for r in rows
-        ]
+            if r[0] is not None
+        )
+        claimed.orphans = len(rows) - len(claimed)
+        return claimed
 
     async def ack(self, message_id: uuid.UUID) -> None:
         await self._change_one(_ACK, {"id": message_id})
@@ -145,19 +178,98 @@ class PostgresStore:
             return 0
         return await self._count(_ACK_MANY, {"ids": list(message_ids)})
 
-    async def release(self, message_ids: Sequence[uuid.UUID], now: dt.datetime) -> int:
-        if not message_ids:
-            return 0
-        return await self._count(_RELEASE, {"ids": list(message_ids), "now": now})
+    async def retry_many(
+        self,
+        items: Sequence[tuple[Message, dt.timedelta, str]],
+        *,
+        now: dt.datetime | None = None,
+    ) -> set[uuid.UUID]:
+        if not items:
+            return set()
+        params = {
+            "now": now,
+            "ids": [m.id for m, _, _ in items],
+            "tokens": [m.lease for m, _, _ in items],
+            "delays": [d for _, d, _ in items],
+            "reasons": [r for _, _, r in items],
+        }
+        return {r[0] for r in await self._fetch(_RETRY_MANY, params)}
 
-    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> None:
-        await self._change_one(_RETRY, {"id": message_id, "at": at, "reason": reason})
+    async def bury_many(
+        self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        if not items:
+            return set()
+        params = {
+            "now": now,
+            "ids": [m.id for m, _ in items],
+            "tokens": [m.lease for m, _ in items],
+            "reasons": [r for _, r in items],
+        }
+        return {r[0] for r in await self._fetch(_BURY_MANY, params)}
+
+    async def release(
+        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+    ) -> set[uuid.UUID]:
+        if not messages:
+            return set()
+        ids, tokens = message_ids(messages)
+        return {
+            r[0] for r in await self._fetch(_RELEASE, {"ids": ids, "tokens": tokens, "now": now})
+        }
+
+    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
+        message_id, token = _target(message)
+        params = {"id": message_id, "token": token, "at": at, "reason": reason}
+        return await self._change_one(_RETRY, params, fenced=token is not None)
 
     async def bury(
-        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
-    ) -> None:
-        at = at or dt.datetime.now(dt.UTC)
-        await self._change_one(_BURY, {"id": message_id, "at": at, "reason": reason})
+        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+    ) -> bool:
+        message_id, token = _target(message)
+        params = {"id": message_id, "token": token, "at": at, "reason": reason}
+        return await self._change_one(_BURY, params, fenced=token is not None)
+
+    async def register_relay(
+        self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> dt.datetime:
+        params = {
+            "id": relay.id,
+            "host": relay.host,
+            "pid": relay.pid,
+            "version": relay.version,
+            "topics": list(relay.topics),
+            "kinds": list(relay.kinds),
+            "ttl": ttl,
+            "now": now,
+        }
+        [(seen,)] = await self._fetch(_RELAY_REGISTER, params)
+        at: dt.datetime = seen
+        return at
+
+    async def unregister_relay(self, relay_id: uuid.UUID) -> None:
+        await self._count(_RELAY_UNREGISTER, {"id": relay_id})
+
+    async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
+        return [
+            RelayInfo(r[0], r[1], r[2], r[3], tuple(r[4]), tuple(r[5]), *r[6:])
+            for r in await self._fetch(_RELAY_LIST, {"now": now})
+        ]
+
+    async def bury_unserved(
+        self, grace: dt.timedelta, *, now: dt.datetime | None = None
+    ) -> list[tuple[uuid.UUID, str]]:
+        why = f" (no live relay served it for {format_duration(grace)})"
+        params = {"now": now, "grace": grace, "why": why}
+        async with self._translated(), self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_SWEEP_LOCK, {"key": _SWEEP_LOCK_KEY})
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                return []
+            await conn.execute(_RELAY_FORGET_DEAD, {"now": now})
+            cur = await conn.execute(_UNSERVED_BURY, params)
+            rows = await cur.fetchall()
+        return [(r[0], r[1]) for r in rows]
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         rows = await self._fetch(_GET, {"id": message_id})
@@ -210,7 +322,7 @@ class PostgresStore:
     async def topics(self) -> dict[str, TopicSettings]:
         return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
 
-    async def set_topic(self, settings: TopicSettings, now: dt.datetime) -> None:
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         validate_topic(settings.topic)
         params = {
             "topic": settings.topic,
@@ -219,6 +331,7 @@ class PostgresStore:
             "config": Jsonb(dict(settings.config)),
             "max_attempts": settings.max_attempts,
             "timeout": settings.timeout,
+            "max_in_flight": settings.max_in_flight,
             "source": settings.source,
             "now": now,
         }
@@ -237,11 +350,14 @@ class PostgresStore:
             cur = await conn.execute(query, params)
             return cur.rowcount
 
-    async def _change_one(self, query: Any, params: dict[str, Any]) -> None:
+    async def _change_one(
+        self, query: Any, params: dict[str, Any], *, fenced: bool = False
+    ) -> bool:
         async with self._translated(), self.pool.connection() as conn:
             cur = await conn.execute(query, params)
-            if cur.rowcount == 0:
+            if cur.rowcount == 0 and not fenced:
                 raise NotFound(params["id"])
+            return cur.rowcount > 0
 
 
 def _stored(r: Any) -> StoredMessage:
@@ -254,6 +370,12 @@ def _stored(r: Any) -> StoredMessage:
         requeues=r[9],
         requeued_at=r[10],
     )
+
+
+def _target(message: Message | uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None]:
+    if isinstance(message, Message):
+        return message.id, message.lease
+    return message, None
 
 
 def _first_line(exc: BaseException) -> str:

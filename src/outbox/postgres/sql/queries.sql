@@ -1,7 +1,7 @@
 -- Every query the PostgreSQL store runs. Each starts with a `-- name --`
--- header and a one-line description; parameters are named, and the current
--- time is always passed in (%(now)s), never read with now(), so the relay's
--- clock stays injectable.
+-- header and a one-line description; parameters are named. The current time
+-- is the database's, coalesce(%(now)s, now()): production passes NULL, so
+-- every relay shares one clock; tests pass the time of their injected clock.
 
 -- message_insert --
 -- Add a message; it is first due at its creation time.
@@ -9,7 +9,8 @@ INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
 VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s, %(created_at)s);
 
 -- message_claim --
--- Lease up to %(limit)s due messages, earliest due first, until %(leased_until)s.
+-- Lease up to %(limit)s due messages, earliest due first, for %(lease)s under
+-- a fresh %(token)s; report the orphans it left.
 --
 -- Two claimers can never get the same row. FOR UPDATE locks every row the
 -- selection returns until the claiming statement's transaction ends, and SKIP
@@ -22,54 +23,130 @@ VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s, %(created_at)s);
 -- planner may inline the CTE into the UPDATE and lock and update more rows
 -- than the limit.
 --
--- Topics in %(exclude)s (paused ones) are filtered out while the index is
--- walked in due order; the walk passes over their due rows, so a large paused
--- backlog at the head of the queue costs a claim that many index entries.
--- An index led by topic could skip them but could not give the global due
--- order a claim needs.
-WITH due AS MATERIALIZED (
-    SELECT id, due_at
+-- Time is the database's (now()) unless a test passes %(now)s, so a relay
+-- with a skewed clock cannot cut another relay's lease short or write a
+-- lease that has already ended: relays pass durations, never instants.
+--
+-- %(topics)s (NULL: every topic) are the topics the relay can deliver now;
+-- %(capped)s are topics claimed at most %(caps)s each (their maxInFlight
+-- headroom). An orphan is a due row whose lease ran out unsettled (its relay
+-- died or stalled). With %(isolate)s it is left for a %(solo)s claim, which
+-- takes only orphans, so the one that kills its relay is found on its own;
+-- a solo claim of an orphan whose lease was shared does not count the lost
+-- attempt: another message may have been the one that crashed.
+WITH free AS MATERIALIZED (
+    SELECT id, due_at, leased_until IS NOT NULL AS orphan, lease_solo
     FROM outbox_messages
     WHERE buried_at IS NULL
-      AND due_at <= %(now)s
-      AND NOT (topic = ANY(%(exclude)s::text[]))
+      AND due_at <= coalesce(%(now)s::timestamptz, now())
+      AND (%(topics)s::text[] IS NULL OR topic = ANY(%(topics)s::text[]))
+      AND (NOT %(solo)s OR leased_until IS NOT NULL)
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+capped AS MATERIALIZED (
+    SELECT c.id, c.due_at, c.orphan, c.lease_solo
+    FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
+    CROSS JOIN LATERAL (
+        SELECT id, due_at, leased_until IS NOT NULL AS orphan, lease_solo
+        FROM outbox_messages
+        WHERE buried_at IS NULL
+          AND due_at <= coalesce(%(now)s::timestamptz, now())
+          AND topic = k.topic
+          AND (NOT %(solo)s OR leased_until IS NOT NULL)
+        ORDER BY due_at, id
+        LIMIT k.n
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
+picked AS MATERIALIZED (
+    SELECT id, due_at, orphan, lease_solo FROM free
+    UNION ALL
+    SELECT id, due_at, orphan, lease_solo FROM capped
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE outbox_messages AS m
+    SET attempts = CASE
+            WHEN %(solo)s AND p.orphan AND NOT p.lease_solo THEN m.attempts
+            ELSE m.attempts + 1
+        END,
+        due_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s,
+        leased_until = coalesce(%(now)s::timestamptz, now()) + %(lease)s,
+        lease_token = %(token)s,
+        lease_solo = %(solo)s
+    FROM picked AS p
+    WHERE m.id = p.id
+      AND (%(solo)s OR NOT %(isolate)s OR NOT p.orphan)
+    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts
 )
-UPDATE outbox_messages AS m
-SET attempts = m.attempts + 1,
-    due_at = %(leased_until)s,
-    leased_until = %(leased_until)s
-FROM due
-WHERE m.id = due.id
-RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, due.due_at;
+SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan
+FROM picked AS p
+LEFT JOIN claimed AS c ON c.id = p.id
+ORDER BY p.due_at, p.id;
 
 -- message_ack --
 -- Remove a delivered message.
 DELETE FROM outbox_messages WHERE id = %(id)s;
 
 -- message_ack_many --
--- Remove a batch of delivered messages in one round trip.
+-- Remove a batch of delivered messages in one round trip. Not fenced: a
+-- message that was delivered needs no further delivery, whoever holds it now.
 DELETE FROM outbox_messages WHERE id = ANY(%(ids)s);
 
 -- message_retry --
--- End a message's lease and make it due again at %(at)s, keeping the reason.
+-- Make one message due again at %(at)s, keeping the reason; with %(token)s
+-- only while that lease still holds it (NULL: an operator's unfenced write).
 UPDATE outbox_messages
 SET due_at = %(at)s, leased_until = NULL, last_error = %(reason)s
-WHERE id = %(id)s;
+WHERE id = %(id)s
+  AND (%(token)s::uuid IS NULL OR (lease_token = %(token)s AND buried_at IS NULL));
+
+-- message_retry_many --
+-- Make messages due again after their delays, each only while its lease
+-- token still holds it; returns the ids written (the rest lost their lease).
+UPDATE outbox_messages AS m
+SET due_at = coalesce(%(now)s::timestamptz, now()) + o.delay,
+    leased_until = NULL,
+    last_error = o.reason
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays)s::interval[], %(reasons)s::text[])
+     AS o(id, token, delay, reason)
+WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
+RETURNING m.id;
 
 -- message_bury --
--- Stop delivering a message; keep it and the reason for an operator.
+-- Stop delivering one message; keep it and the reason for an operator. With
+-- %(token)s only while that lease still holds it.
 UPDATE outbox_messages
-SET buried_at = %(at)s, leased_until = NULL, last_error = %(reason)s
-WHERE id = %(id)s;
+SET buried_at = coalesce(%(at)s::timestamptz, now()), leased_until = NULL,
+    last_error = %(reason)s
+WHERE id = %(id)s
+  AND (%(token)s::uuid IS NULL OR (lease_token = %(token)s AND buried_at IS NULL));
+
+-- message_bury_many --
+-- Bury messages, each only while its lease token still holds it; returns the
+-- ids written.
+UPDATE outbox_messages AS m
+SET buried_at = coalesce(%(now)s::timestamptz, now()), leased_until = NULL,
+    last_error = o.reason
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(reasons)s::text[]) AS o(id, token, reason)
+WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
+RETURNING m.id;
 
 -- message_release --
--- Hand leased messages back, due at %(now)s, without counting the attempt.
-UPDATE outbox_messages
-SET due_at = %(now)s, leased_until = NULL, attempts = greatest(attempts - 1, 0)
-WHERE id = ANY(%(ids)s) AND buried_at IS NULL;
+-- Hand leased messages back, due now, without counting the attempt; a
+-- message with a token only while that lease still holds it.
+UPDATE outbox_messages AS m
+SET due_at = coalesce(%(now)s::timestamptz, now()),
+    leased_until = NULL,
+    attempts = greatest(m.attempts - 1, 0)
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS o(id, token)
+WHERE m.id = o.id
+  AND m.buried_at IS NULL
+  AND (o.token IS NULL OR m.lease_token = o.token)
+RETURNING m.id;
 
 -- message_get --
 -- One message with its delivery state.
@@ -97,6 +174,8 @@ SET buried_at = NULL,
     due_at = %(now)s,
     attempts = 0,
     leased_until = NULL,
+    lease_token = NULL,
+    lease_solo = false,
     requeues = requeues + 1,
     requeued_at = %(now)s
 WHERE buried_at IS NOT NULL
@@ -124,24 +203,111 @@ ORDER BY topic;
 
 -- topic_list --
 -- The whole topic registry.
-SELECT topic, enabled, handler, config, max_attempts, timeout, source, updated_at
+SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at
 FROM outbox_topics
 ORDER BY topic;
 
 -- topic_upsert --
 -- Create or replace one topic's registry entry.
-INSERT INTO outbox_topics (topic, enabled, handler, config, max_attempts, timeout, source, updated_at)
+INSERT INTO outbox_topics
+    (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at)
 VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
-        %(source)s, %(now)s)
+        %(max_in_flight)s, %(source)s, coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (topic) DO UPDATE
 SET enabled = excluded.enabled,
     handler = excluded.handler,
     config = excluded.config,
     max_attempts = excluded.max_attempts,
     timeout = excluded.timeout,
+    max_in_flight = excluded.max_in_flight,
     source = excluded.source,
     updated_at = excluded.updated_at;
 
 -- topic_delete --
 -- Remove a topic's registry entry (it falls back to its built-in handler).
 DELETE FROM outbox_topics WHERE topic = %(topic)s;
+
+-- relay_register --
+-- Record (or refresh) one running relay and what it serves; it counts as
+-- live for %(ttl)s. Returns the database's time, to measure the relay's skew.
+INSERT INTO outbox_relays
+    (id, host, pid, version, topics, kinds, started_at, seen_at, expires_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(topics)s, %(kinds)s,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()) + %(ttl)s)
+ON CONFLICT (id) DO UPDATE
+SET topics = excluded.topics,
+    kinds = excluded.kinds,
+    seen_at = excluded.seen_at,
+    expires_at = excluded.expires_at
+RETURNING seen_at;
+
+-- relay_unregister --
+-- Remove a relay that exits cleanly.
+DELETE FROM outbox_relays WHERE id = %(id)s;
+
+-- relay_list --
+-- The live relays, oldest first.
+SELECT id, host, pid, version, topics, kinds, started_at, seen_at, expires_at
+FROM outbox_relays
+WHERE expires_at > coalesce(%(now)s::timestamptz, now())
+ORDER BY started_at, id;
+
+-- relay_forget_dead --
+-- Drop rows of relays that died (no clean exit) an hour ago or more.
+DELETE FROM outbox_relays
+WHERE expires_at < coalesce(%(now)s::timestamptz, now()) - interval '1 hour';
+
+-- sweep_lock --
+-- One sweeper at a time: the others skip this round.
+SELECT pg_try_advisory_xact_lock(%(key)s);
+
+-- unserved_bury --
+-- Note the topics with due messages that no live relay serves and no registry
+-- entry governs; bury the due messages of those unserved for %(grace)s.
+--
+-- Every part sees the same snapshot: a topic noted now is buried at the
+-- earliest by a later sweep. A message a relay claims meanwhile is leased
+-- (its due_at in the future), so the UPDATE, which waits for the claim's row
+-- lock and re-checks, leaves it alone.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+live AS (
+    SELECT DISTINCT unnest(r.topics) AS topic
+    FROM outbox_relays AS r, clock
+    WHERE r.expires_at > clock.now
+),
+waiting AS (
+    SELECT DISTINCT m.topic
+    FROM outbox_messages AS m, clock
+    WHERE m.buried_at IS NULL AND m.due_at <= clock.now
+),
+unserved AS (
+    SELECT w.topic
+    FROM waiting AS w
+    WHERE NOT EXISTS (SELECT 1 FROM live AS l WHERE l.topic = w.topic)
+      AND NOT EXISTS (SELECT 1 FROM outbox_topics AS t WHERE t.topic = w.topic)
+),
+noted AS (
+    INSERT INTO outbox_unserved (topic, since)
+    SELECT u.topic, clock.now FROM unserved AS u, clock
+    ON CONFLICT (topic) DO NOTHING
+),
+served_again AS (
+    DELETE FROM outbox_unserved AS o
+    WHERE NOT EXISTS (SELECT 1 FROM unserved AS u WHERE u.topic = o.topic)
+),
+expired AS (
+    SELECT o.topic
+    FROM outbox_unserved AS o
+    JOIN unserved AS u ON u.topic = o.topic, clock
+    WHERE o.since <= clock.now - %(grace)s
+)
+UPDATE outbox_messages AS m
+SET buried_at = clock.now,
+    leased_until = NULL,
+    last_error = 'no handler for topic ' || m.topic || %(why)s
+FROM expired AS e, clock
+WHERE m.topic = e.topic AND m.buried_at IS NULL AND m.due_at <= clock.now
+RETURNING m.id, m.topic;

@@ -1,0 +1,460 @@
+"""The relay: claim due messages under a lease, deliver each, settle the outcome.
+
+Delivery is at least once. A relay can crash after a handler succeeded and
+before the ack; the lease then runs out and a relay delivers the message again.
+Handlers must make a repeat harmless (the message id is the tool for that).
+
+``run()`` is a continuous pipeline: up to OUTBOX_CONCURRENCY deliveries in
+flight, more claimed as slots free up (never more than are free), each
+message settled as soon as its handler returns. A slow or hanging handler
+holds one slot, never the relay; a topic's maxInFlight keeps one slow topic
+from taking every slot. ``poll()`` is one round of the same parts (claim,
+deliver, settle), for tests and ``drain()``.
+
+Outcomes: success acks; any exception (a handler's own CancelledError too)
+retries after backoff(attempts); Permanent and the last allowed attempt bury.
+An orphan (a message whose lease ran out unsettled) is delivered on its own,
+with nothing else in flight: if it crashes its relay again, only it is
+blamed, and a message that keeps doing so is buried as a likely poison.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from prometheus_client import CollectorRegistry
+
+from outbox.clock import Clock, system_clock
+from outbox.durations import format_duration
+from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable
+from outbox.message import validate_topic
+from outbox.metrics import RelayMetrics
+from outbox.relay.backoff import backoff
+from outbox.relay.fleet import Fleet
+from outbox.relay.routing import Handler, HandlerKind, Router
+from outbox.relay.settle import Held, Settler
+from outbox.settings import RelayConfig
+from outbox.store import Claimed, Store
+
+__all__ = ["Relay"]
+
+log = logging.getLogger("outbox.relay")
+
+# The loop's wait after a failed claim doubles from the interval up to this.
+_FAILURE_BACKOFF_CEILING = 30.0
+# How long a cancelled relay may spend settling and handing its messages back.
+_HAND_BACK_GRACE = 2.0
+
+
+class Relay:
+    """Delivers due messages from ``store`` to the handler for each topic.
+
+    ``clock`` None (production): the store's time (the database's ``now()``)
+    decides leases and retries. An injected clock is passed to the store as
+    its time, so tests move it instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        store: Store[Any],
+        handlers: Mapping[str, Handler],
+        config: RelayConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = None,
+        kinds: Mapping[str, HandlerKind] | None = None,
+    ) -> None:
+        for topic in handlers:
+            validate_topic(topic)
+        self.store = store
+        # model_validate skips the environment: RelayConfig's defaults unless
+        # the caller loaded one (outbox.settings.load(RelayConfig)).
+        self.config = cfg = config if config is not None else RelayConfig.model_validate({})
+        self.clock = clock
+        self._local = clock or system_clock
+        self.router = Router(handlers, kinds or {}, cfg)
+        self.metrics = RelayMetrics.of(registry)
+        self.metrics.in_flight.set_function(lambda: len(self._held))
+        self.settler = Settler(store, self.metrics, self._store_now)
+        self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock)
+        # Export every known topic's counters at 0 from the start: increase()
+        # needs a sample before the first burial to see it.
+        for topic in self.router.served:
+            self.metrics.topic(topic)
+        self.slots = cfg.slots
+        self._lease = cfg.lease.total_seconds()
+        self._held: dict[Any, Held] = {}
+        self._queue: collections.deque[Held] = collections.deque()
+        self._topic_load: collections.Counter[str] = collections.Counter()
+        self._workers = 0
+        self._changed: anyio.Event | None = None
+        self._orphans = False
+        self._stopping = False
+        self._wake: anyio.Event | None = None
+        self._report_by = math.inf
+        self._routes_at: dt.datetime | None = None
+        self._beat_at: dt.datetime | None = None
+        self._sweep_at: dt.datetime | None = None
+
+    # -- control -----------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming. run() returns once the deliveries in flight are settled.
+
+        Handlers in flight keep their deadline (the timeout); those still
+        running then are cancelled and their messages released, due at once,
+        so another relay takes them without waiting for the lease to end.
+        """
+        self._stopping = True
+        self._signal()
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether stop() was called."""
+        return self._stopping
+
+    @property
+    def in_flight(self) -> int:
+        """Messages claimed and not yet settled."""
+        return len(self._held)
+
+    def alive(self) -> bool:
+        """Whether run()'s loop reported in time: a claim, a wait for a free slot
+        (handlers finish within the timeout) or for due messages, plus three
+        intervals to spare."""
+        return time.monotonic() <= self._report_by
+
+    # -- one round at a time (tests, drain) -------------------------------------
+
+    async def drain(self) -> int:
+        """Handle everything due until nothing is; return how many were handled."""
+        total = 0
+        while handled := await self.poll():
+            total += handled
+        return total
+
+    async def poll(self) -> int:
+        """Claim one batch, deliver it and settle it; then any orphans, one at a time.
+
+        Returns how many messages were claimed.
+        """
+        await self.housekeep()
+        claimed = await self._claim(min(self.config.batch, self.slots))
+        async with anyio.create_task_group() as tg:
+            await self._start(claimed, tg)
+        await self.settler.flush()
+        handled = len(claimed)
+        while self._orphans:
+            handled += await self._deliver_orphan()
+        return handled
+
+    async def housekeep(self, *, force: bool = False) -> None:
+        """Read the registry, refresh this relay's registration and sweep, as each is due."""
+        now = self._local()
+        if force or self._routes_at is None or now >= self._routes_at:
+            await self.refresh_topics()
+        if force or self._beat_at is None or now >= self._beat_at:
+            await self.fleet.heartbeat()
+            self._beat_at = now + self.config.interval
+        if force or self._sweep_at is None or now >= self._sweep_at:
+            await self.fleet.sweep()
+            self._sweep_at = now + self.fleet.sweep_every
+
+    async def refresh_topics(self) -> None:
+        """Read the topic registry now (housekeeping does it at most once an interval)."""
+        self.router.update(await self.store.topics())
+        self._routes_at = self._local() + self.config.interval
+        for topic in self.router.served:
+            self.metrics.topic(topic)
+
+    # -- the continuous pipeline -------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver until stopped or cancelled, waiting ``interval`` when nothing is due.
+
+        A failing store is logged and retried with a capped backoff; it never
+        ends the loop. On the way out, what was delivered is acked first, what
+        is unfinished is released, and the relay leaves the fleet.
+        """
+        self._wake = anyio.Event()
+        if self._stopping:
+            return
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.settler.run)
+                tg.start_soon(self._housekeeping)
+                await self._feed(tg)
+                await self._until(lambda: self._workers == 0)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
+                await self._hand_back()
+        log.info("relay stopped claiming")
+
+    async def _feed(self, tg: anyio.abc.TaskGroup) -> None:
+        cfg = self.config
+        interval = cfg.interval.total_seconds()
+        slack = cfg.timeout.total_seconds() + 3 * interval
+        failures = 0
+        while not self._stopping:
+            self._report_by = time.monotonic() + slack
+            if self._routes_at is None:  # never claim before the registry was read
+                try:
+                    await self.housekeep()
+                except Exception as exc:
+                    failures += 1
+                    wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
+                    _log_failure(exc, wait)
+                    await self._sleep(wait, slack)
+                continue
+            if self._orphans:
+                await self._until(lambda: not self._held)
+                if not self._stopping:
+                    await self._guarded(self._deliver_orphan(tg))
+                continue
+            free = self.slots - len(self._held)
+            if free <= 0:
+                await self._until(lambda: len(self._held) < self.slots)
+                continue
+            want = min(cfg.batch, free)
+            try:
+                claimed = await self._claim(want)
+            except Exception as exc:
+                failures += 1
+                wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
+                _log_failure(exc, wait)
+                await self._sleep(wait, slack)
+                continue
+            if failures:
+                log.info("store reachable again after %d failed claims", failures)
+                failures = 0
+            await self._start(claimed, tg)
+            if len(claimed) + claimed.orphans < want:
+                await self._sleep(interval, slack)
+
+    async def _housekeeping(self) -> None:
+        """Registry, registration and sweep, every interval, apart from claiming."""
+        interval = self.config.interval.total_seconds()
+        while True:
+            try:
+                await self.housekeep()
+            except Exception as exc:
+                if isinstance(exc, StoreUnavailable):
+                    log.warning("housekeeping failed: %s", exc)
+                else:
+                    log.exception("housekeeping failed")
+            await anyio.sleep(interval)
+
+    async def _hand_back(self) -> None:
+        """Ack what was delivered, release what is unfinished, leave the fleet."""
+        await self.settler.flush()
+        self._queue.clear()
+        for held in list(self._held.values()):
+            self._settled(held)
+            self.settler.release(held)
+        await self.settler.flush()
+        try:
+            await self.fleet.leave()
+        except Exception as exc:
+            log.warning("could not remove this relay from outbox_relays: %s", exc)
+
+    # -- claiming --------------------------------------------------------------
+
+    async def _claim(self, limit: int, *, solo: bool = False) -> Claimed:
+        router = self.router
+        caps = None
+        if router.capped:
+            caps = {t: cap - self._topic_load[t] for t, cap in router.capped.items()}
+        if not router.free and not caps:
+            return Claimed()
+        lease_end = time.monotonic() + self._lease
+        claimed = await self.store.claim(
+            self._store_now(),
+            self.config.lease,
+            limit,
+            topics=router.free,
+            caps=caps,
+            isolate=True,
+            solo=solo,
+        )
+        if claimed.orphans:
+            self._orphans = True
+        for m in claimed:
+            route = router.routes.get(m.topic)
+            held = Held(m, route, lease_end, solo)  # type: ignore[arg-type]
+            self._held[m.id] = held
+            if route is not None and route.max_in_flight is not None:
+                self._topic_load[m.topic] += 1
+        return claimed
+
+    async def _deliver_orphan(self, tg: anyio.abc.TaskGroup | None = None) -> int:
+        """Claim one orphan and deliver it alone; return 1, or 0 when none is left."""
+        claimed = await self._claim(1, solo=True)
+        if not claimed:
+            self._orphans = False
+            return 0
+        if tg is None:
+            async with anyio.create_task_group() as own:
+                await self._start(claimed, own)
+            await self.settler.flush()
+        else:
+            await self._start(claimed, tg)
+            await self._until(lambda: not self._held)
+        return 1
+
+    async def _guarded(self, work: Any) -> None:
+        try:
+            await work
+        except Exception as exc:
+            wait = self.config.interval.total_seconds()
+            _log_failure(exc, wait)
+            await self._sleep(wait, wait)
+
+    # -- delivering ------------------------------------------------------------
+
+    async def _start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
+        """Queue ``claimed`` and add workers while every running one waits."""
+        for m in claimed:
+            held = self._held[m.id]
+            if self._admit(held):
+                self._queue.append(held)
+        # Runs whenever every worker waits: then it adds one, so a handler that
+        # waits never holds back the rest, while handlers that finish at once
+        # share a task.
+        while self._queue and not self._stopping:
+            tg.start_soon(self._work)
+            self._workers += 1
+            await anyio.lowlevel.checkpoint()
+
+    def _admit(self, held: Held) -> bool:
+        """Whether ``held`` goes to its handler; if not, settle it now."""
+        m, route = held.message, held.route
+        if route is None:  # the registry changed since the claim: let another relay
+            self._settled(held)
+            self.settler.release(held)
+            return False
+        if m.attempts > route.max_attempts:
+            if held.solo:
+                reason = (
+                    f"claimed {m.attempts} times; delivered alone, it never finished "
+                    "(its relay died or stalled): it may crash the relay"
+                )
+            else:
+                reason = f"claimed {m.attempts} times, more than maxAttempts {route.max_attempts}"
+            self._settled(held)
+            self.settler.bury(held, reason)
+            return False
+        return True
+
+    async def _work(self) -> None:
+        try:
+            while self._queue and not self._stopping:
+                current: Held | None = None
+                with anyio.CancelScope() as scope:
+                    while self._queue and not self._stopping:
+                        current = self._queue.popleft()
+                        scope.deadline = anyio.current_time() + current.route.seconds
+                        await self._deliver(current)
+                        current = None
+                        if scope.cancel_called:
+                            break
+                if current is not None:  # its deadline ran out
+                    self._timed_out(current)
+        finally:
+            self._workers -= 1
+            self._signal()
+
+    async def _deliver(self, held: Held) -> None:
+        m, route = held.message, held.route
+        started = time.perf_counter()
+        try:
+            await route.handler(m)
+        except Permanent as exc:
+            self._settled(held)
+            self.settler.bury(held, f"permanent: {exc.reason}")
+        except Dropped as exc:
+            self._settled(held)
+            self.settler.ack(held, dropped=exc.reason)
+        except RetryAfter as exc:
+            self._fail(held, exc.reason, exc.delay)
+        except Exception as exc:
+            self._fail(held, f"{type(exc).__name__}: {exc}")
+        except anyio.get_cancelled_exc_class():
+            if anyio.current_effective_deadline() == -math.inf:
+                raise  # we are being cancelled: a timeout or a shutdown
+            # The handler raised it on its own (a cancelled task inside it).
+            self._fail(held, "CancelledError: raised by the handler")
+        else:
+            self._settled(held)
+            self.settler.ack(held)
+        finally:
+            self.metrics.topic(m.topic).duration.observe(time.perf_counter() - started)
+
+    def _timed_out(self, held: Held) -> None:
+        if held.message.id not in self._held:
+            return
+        if self._stopping:
+            self._settled(held)
+            self.settler.release(held)
+            return
+        self._fail(held, f"timed out after {format_duration(held.route.timeout)}")
+
+    def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> None:
+        m = held.message
+        self._settled(held)
+        if m.attempts >= held.route.max_attempts:
+            self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
+        else:
+            self.settler.retry(held, delay or backoff(m.attempts), reason)
+
+    def _settled(self, held: Held) -> None:
+        """``held`` has an outcome: free its slot."""
+        m = held.message
+        if self._held.pop(m.id, None) is None:
+            return
+        route = held.route
+        if route is not None and route.max_in_flight is not None:
+            self._topic_load[m.topic] -= 1
+        self._signal()
+
+    # -- waiting ---------------------------------------------------------------
+
+    def _signal(self) -> None:
+        if self._changed is not None and not self._changed.is_set():
+            self._changed.set()
+
+    async def _until(self, condition: Any) -> None:
+        """Wait until ``condition()`` holds (re-checked whenever a slot or worker frees)."""
+        while not condition():
+            self._changed = anyio.Event()
+            if condition():
+                break
+            await self._changed.wait()
+
+    async def _sleep(self, seconds: float, slack: float) -> None:
+        if self._stopping or self._wake is None:
+            return
+        self._report_by = time.monotonic() + seconds + slack
+        with anyio.move_on_after(seconds):
+            await self._wake.wait()
+
+    def _store_now(self) -> dt.datetime | None:
+        return self.clock() if self.clock is not None else None
+
+
+def _log_failure(exc: Exception, wait: float) -> None:
+    if isinstance(exc, StoreUnavailable):
+        log.warning("claim failed: %s; next try in %.1fs", exc, wait)
+    else:
+        log.exception("claim failed; next try in %.1fs", wait)

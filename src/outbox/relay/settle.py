@@ -1,0 +1,304 @@
+"""Settling: each delivery's outcome written soon, in few statements, fenced by its lease.
+
+Outcomes queue up while a write is under way and go out together: one
+statement per kind (acks, retries, burials, releases) for everything that
+finished meanwhile, so a busy relay coalesces its writes and an idle one
+writes at once. Acks go first: a message that was delivered must not be
+handed back for another delivery.
+
+A retry, burial or release carries the lease token of the claim it answers;
+the store applies it only while that lease still holds the message. One that
+finds its lease gone (this relay stalled past it and another claim took the
+message) changed nothing: it is logged once as "lease lost" and counted in
+outbox_lease_lost_total. While the store is briefly unavailable, writes are
+tried again until the message's lease ends; past that another relay will
+deliver it again anyway, and the loss is logged, never silent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+from outbox.durations import format_duration
+from outbox.errors import StoreUnavailable
+from outbox.message import Message
+from outbox.metrics import RelayMetrics
+from outbox.relay.routing import Route
+from outbox.store import Store
+
+__all__ = ["REASON_MAX", "Held", "Settler", "clean_reason"]
+
+log = logging.getLogger("outbox.relay")
+
+REASON_MAX = 2000
+"""Longest reason kept, in characters."""
+
+_RETRY_CEILING = 1.0
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def clean_reason(text: str) -> str:
+    """``text`` as a reason PostgreSQL can store: no NUL, no lone surrogate, capped."""
+    # A UTF-16 round trip joins surrogate pairs and replaces lone halves.
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    text = text.replace("\x00", "\ufffd")
+    if len(text) > REASON_MAX:
+        text = text[: REASON_MAX - 1] + "…"
+    return text
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Held:
+    """A message this relay has claimed and not yet settled."""
+
+    message: Message
+    route: Route
+    lease_end: float
+    """When its lease ends, on the monotonic clock (a little early: measured
+    before the claim was sent)."""
+    solo: bool = False
+
+
+class Settler:
+    """Writes outcomes for one relay; ``run()`` flushes whenever some are queued."""
+
+    def __init__(
+        self,
+        store: Store[Any],
+        metrics: RelayMetrics,
+        now: Callable[[], dt.datetime | None],
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.now = now
+        self.acks: list[Held] = []
+        self.dropped: dict[uuid.UUID, str] = {}
+        self.retries: list[tuple[Held, dt.timedelta, str]] = []
+        self.buries: list[tuple[Held, str]] = []
+        self.releases: list[Held] = []
+        self._ready: anyio.Event | None = None
+        self._lock: anyio.Lock | None = None
+
+    # -- queueing (synchronous, cheap: called once per delivery) -------------
+
+    def ack(self, held: Held, dropped: str | None = None) -> None:
+        self.acks.append(held)
+        if dropped is not None:
+            self.dropped[held.message.id] = dropped
+        self._poke()
+
+    def retry(self, held: Held, delay: dt.timedelta, reason: str) -> None:
+        self.retries.append((held, delay, clean_reason(reason)))
+        self._poke()
+
+    def bury(self, held: Held, reason: str) -> None:
+        self.buries.append((held, clean_reason(reason)))
+        self._poke()
+
+    def release(self, held: Held) -> None:
+        self.releases.append(held)
+        self._poke()
+
+    def pending(self) -> bool:
+        return bool(self.acks or self.retries or self.buries or self.releases)
+
+    def _poke(self) -> None:
+        if self._ready is not None and not self._ready.is_set():
+            self._ready.set()
+
+    # -- writing ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush whenever outcomes are queued, until cancelled."""
+        while True:
+            self._ready = anyio.Event()
+            if not self.pending():
+                await self._ready.wait()
+                self._ready = anyio.Event()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything queued, acks first; return once nothing is queued.
+
+        Cancelled mid-write, it puts back what it had not confirmed, so a
+        relay's last flush (shielded) still writes it.
+        """
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            while self.pending():
+                acks, self.acks = self.acks, []
+                dropped, self.dropped = self.dropped, {}
+                retries, self.retries = self.retries, []
+                buries, self.buries = self.buries, []
+                releases, self.releases = self.releases, []
+                stage = 0
+                try:
+                    if acks:
+                        await self._acks(acks, dropped)
+                    stage = 1
+                    if retries:
+                        await self._retries(retries)
+                    stage = 2
+                    if buries:
+                        await self._buries(buries)
+                    stage = 3
+                    if releases:
+                        await self._releases(releases)
+                except BaseException:
+                    if stage <= 0:
+                        self.acks[:0] = acks
+                        self.dropped.update(dropped)
+                    if stage <= 1:
+                        self.retries[:0] = retries
+                    if stage <= 2:
+                        self.buries[:0] = buries
+                    self.releases[:0] = releases
+                    raise
+
+    async def _acks(self, acks: list[Held], dropped: dict[uuid.UUID, str]) -> None:
+        done = await self._persist(
+            "ack",
+            acks,
+            lambda h: h,
+            lambda items: self.store.ack_many([h.message.id for h in items]),
+        )
+        if done is None:
+            return
+        debug = log.isEnabledFor(logging.DEBUG)
+        for h in done[0]:
+            m = h.message
+            reason = dropped.get(m.id) if dropped else None
+            if reason is None:
+                self.metrics.topic(m.topic).delivered.inc()
+                if debug:
+                    log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
+            else:
+                self.metrics.dropped.labels(m.topic, reason).inc()
+                log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
+
+    async def _retries(self, retries: list[tuple[Held, dt.timedelta, str]]) -> None:
+        done = await self._persist(
+            "retry",
+            retries,
+            lambda r: r[0],
+            lambda items: self.store.retry_many(
+                [(h.message, delay, reason) for h, delay, reason in items], now=self.now()
+            ),
+        )
+        if done is None:
+            return
+        items, written = done
+        for h, delay, reason in items:
+            m = h.message
+            if m.id not in written:
+                self._lost(m, "retry")
+                continue
+            self.metrics.topic(m.topic).retried.inc()
+            log.warning(
+                "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                format_duration(delay),
+                reason,
+            )
+
+    async def _buries(self, buries: list[tuple[Held, str]]) -> None:
+        done = await self._persist(
+            "bury",
+            buries,
+            lambda b: b[0],
+            lambda items: self.store.bury_many(
+                [(h.message, reason) for h, reason in items], now=self.now()
+            ),
+        )
+        if done is None:
+            return
+        items, written = done
+        for h, reason in items:
+            m = h.message
+            if m.id not in written:
+                self._lost(m, "burial")
+                continue
+            self.metrics.topic(m.topic).buried.inc()
+            log.error(
+                "message buried: message=%s topic=%s attempt=%d reason=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                reason,
+            )
+
+    async def _releases(self, releases: list[Held]) -> None:
+        done = await self._persist(
+            "release",
+            releases,
+            lambda h: h,
+            lambda items: self.store.release([h.message for h in items], self.now()),
+        )
+        if done is None:
+            return
+        items, written = done
+        for h in items:
+            if h.message.id not in written:
+                self._lost(h.message, "release")
+        if len(written):
+            log.info("released %d unfinished messages for another relay", len(written))
+
+    def _lost(self, m: Message, what: str) -> None:
+        self.metrics.topic(m.topic).lease_lost.inc()
+        log.warning(
+            "lease lost: message=%s topic=%s attempt=%d; another claim holds it now, "
+            "so this relay's %s changed nothing",
+            m.id,
+            m.topic,
+            m.attempts,
+            what,
+        )
+
+    async def _persist(
+        self,
+        what: str,
+        items: list[T],
+        held: Callable[[T], Held],
+        write: Callable[[list[T]], Awaitable[R]],
+    ) -> tuple[list[T], R] | None:
+        """``write(items)``, tried again while the store is unavailable and leases last."""
+        wait = 0.05
+        while True:
+            try:
+                return items, await write(items)
+            except StoreUnavailable as exc:
+                deadline = time.monotonic() + wait
+                alive = [i for i in items if held(i).lease_end > deadline]
+                if len(alive) < len(items):
+                    log.warning(
+                        "could not %s %d messages before their leases ended (%s); "
+                        "another relay will deliver them again",
+                        what,
+                        len(items) - len(alive),
+                        exc,
+                    )
+                if not alive:
+                    return None
+                items = alive
+                await anyio.sleep(wait)
+                wait = min(wait * 2, _RETRY_CEILING)
+            except Exception:
+                log.exception(
+                    "could not %s %d messages; their leases will run out and another "
+                    "relay will deliver them again",
+                    what,
+                    len(items),
+                )
+                return None
