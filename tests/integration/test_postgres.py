@@ -65,12 +65,22 @@ async def test_claim_is_served_by_the_partial_index(pg_store: PostgresStore) -> 
         await conn.execute("SET LOCAL enable_seqscan = off")
         cur = await conn.execute(
             b"EXPLAIN " + QUERIES["message_claim"].encode(),
-            {"now": T0, "leased_until": T0 + LEASE, "limit": 10, "exclude": ["paused.topic"]},
+            {
+                "now": None,
+                "lease": LEASE,
+                "limit": 10,
+                "token": None,
+                "topics": ["orders.placed"],
+                "capped": [],
+                "caps": [],
+                "isolate": True,
+                "solo": False,
+            },
         )
         plan = "\n".join(r[0] for r in await cur.fetchall())
 
     assert "outbox_messages_due_idx" in plan
-    assert "CTE due" in plan  # MATERIALIZED kept the limited selection fenced
+    assert "CTE free" in plan  # MATERIALIZED kept the limited selection fenced
 
 
 def _closed_port() -> int:
@@ -99,5 +109,4 @@ async def test_relay_loop_survives_unreachable_database(
 
     failures = [r for r in caplog.records if r.getMessage().startswith("poll failed")]
     assert len(failures) >= 2
-    assert relay.last_poll is not None
     assert "hunter2" not in caplog.text

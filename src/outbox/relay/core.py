@@ -237,7 +237,7 @@ class Relay:
                 await self._sleep(wait, slack)
                 continue
             if failures:
-                log.info("store reachable again after %d failed claims", failures)
+                log.info("store reachable again after %d failed polls", failures)
                 failures = 0
             await self._start(claimed, tg)
             if len(claimed) + claimed.orphans < want:
@@ -455,6 +455,6 @@ class Relay:
 
 def _log_failure(exc: Exception, wait: float) -> None:
     if isinstance(exc, StoreUnavailable):
-        log.warning("claim failed: %s; next try in %.1fs", exc, wait)
+        log.warning("poll failed: %s; next try in %.1fs", exc, wait)
     else:
-        log.exception("claim failed; next try in %.1fs", wait)
+        log.exception("poll failed; next try in %.1fs", wait)
