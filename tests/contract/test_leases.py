@@ -1,0 +1,208 @@
+"""Fenced leases, the store's own time, orphans and caps, on every backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import pytest
+
+from outbox import Message, Store, new_message
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+LEASE = dt.timedelta(minutes=2)
+SECOND = dt.timedelta(seconds=1)
+
+
+async def add(store: Store[Any], *msgs: Message) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, *msgs)
+
+
+def msg(topic: str = "orders.placed", at: dt.datetime = T0, **payload: Any) -> Message:
+    return new_message(topic, payload or {"n": 1}, at)
+
+
+async def taken_over(store: Store[Any]) -> tuple[Message, Message]:
+    """A message claimed by a relay that stalled past its lease, then by another."""
+    await add(store, msg())
+    [stale] = await store.claim(T0, LEASE, 10)
+    [current] = await store.claim(T0 + LEASE, LEASE, 10)
+    return stale, current
+
+
+async def test_two_claims_at_the_same_instant_get_different_leases(store: Store[Any]) -> None:
+    await add(store, msg(n=1), msg(n=2))
+
+    [a] = await store.claim(T0, LEASE, 1)
+    [b] = await store.claim(T0, LEASE, 1)
+
+    assert a.lease is not None
+    assert b.lease is not None
+    assert a.lease != b.lease
+
+
+async def test_a_stale_retry_changes_nothing(store: Store[Any]) -> None:
+    stale, _current = await taken_over(store)
+
+    written = await store.retry_many([(stale, SECOND, "timed out")], now=T0 + LEASE)
+
+    assert written == set()
+    assert not await store.retry(stale, T0, "timed out")
+    state = await store.get(stale.id)
+    assert state.leased_until == T0 + 2 * LEASE
+    assert state.last_error is None
+    assert await store.claim(T0 + LEASE + SECOND, LEASE, 10) == []  # nobody else can take it
+
+
+async def test_a_stale_burial_changes_nothing(store: Store[Any]) -> None:
+    stale, _current = await taken_over(store)
+
+    assert await store.bury_many([(stale, "permanent: 550")], now=T0 + LEASE) == set()
+    assert not await store.bury(stale, "permanent: 550")
+
+    state = await store.get(stale.id)
+    assert state.buried_at is None
+    assert state.last_error is None
+
+
+async def test_a_stale_release_changes_nothing(store: Store[Any]) -> None:
+    stale, _current = await taken_over(store)
+
+    assert await store.release([stale], T0 + LEASE) == set()
+
+    state = await store.get(stale.id)
+    assert state.leased_until == T0 + 2 * LEASE
+    assert state.message.attempts == 2
+
+
+async def test_the_current_holder_writes_back(store: Store[Any]) -> None:
+    _stale, current = await taken_over(store)
+    other = msg(n=2, at=T0 + LEASE)
+    await add(store, other)
+    [held] = await store.claim(T0 + LEASE, LEASE, 10)
+
+    assert await store.retry_many([(current, SECOND, "boom")], now=T0 + LEASE) == {current.id}
+    assert await store.bury_many([(held, "permanent: no")], now=T0 + LEASE) == {held.id}
+
+    state = await store.get(current.id)
+    assert (state.due_at, state.leased_until, state.last_error) == (
+        T0 + LEASE + SECOND,
+        None,
+        "boom",
+    )
+    assert (await store.get(held.id)).buried_at == T0 + LEASE
+
+
+async def test_a_write_back_after_the_message_was_delivered_elsewhere_does_not_raise(
+    store: Store[Any],
+) -> None:
+    stale, current = await taken_over(store)
+    assert await store.ack_many([current.id]) == 1
+
+    assert await store.retry_many([(stale, SECOND, "late")]) == set()
+    assert await store.bury_many([(stale, "late")]) == set()
+    assert await store.release([stale]) == set()
+    assert not await store.retry(stale, T0, "late")
+
+
+async def test_a_late_ack_of_a_delivered_message_still_deletes_it(store: Store[Any]) -> None:
+    stale, _current = await taken_over(store)
+
+    assert await store.ack_many([stale.id]) == 1  # it was delivered: nobody needs to again
+
+    assert await store.claim(T0 + 3 * LEASE, LEASE, 10) == []
+
+
+async def test_requeue_ends_every_earlier_lease(store: Store[Any]) -> None:
+    await add(store, msg())
+    [m] = await store.claim(T0, LEASE, 10)
+    assert await store.bury_many([(m, "permanent: 550")], now=T0) == {m.id}
+    await store.requeue(T0 + SECOND)
+
+    assert await store.retry_many([(m, SECOND, "late")], now=T0 + SECOND) == set()
+    assert (await store.get(m.id)).buried_at is None
+
+
+async def test_operator_writes_on_bare_ids_are_not_fenced(store: Store[Any]) -> None:
+    stale, _current = await taken_over(store)
+
+    assert await store.retry(stale.id, T0 + 3 * LEASE, "operator says later")
+    state = await store.get(stale.id)
+    assert (state.due_at, state.last_error) == (T0 + 3 * LEASE, "operator says later")
+
+
+async def test_without_now_the_store_uses_its_own_clock(store: Store[Any]) -> None:
+    wall = dt.datetime.now(dt.UTC)
+    past, future = msg(at=wall - SECOND, n=1), msg(at=wall + dt.timedelta(hours=1), n=2)
+    await add(store, past, future)
+
+    before = dt.datetime.now(dt.UTC)
+    claimed = await store.claim(None, LEASE, 10)
+    written = await store.retry_many([(claimed[0], dt.timedelta(minutes=5), "later")])
+    after = dt.datetime.now(dt.UTC)
+
+    assert [m.id for m in claimed] == [past.id]  # a message due in an hour is not due
+    assert written == {past.id}
+    state = await store.get(past.id)
+    assert before + dt.timedelta(minutes=5) - SECOND <= state.due_at
+    assert state.due_at <= after + dt.timedelta(minutes=5) + SECOND
+
+
+async def test_isolating_claim_leaves_orphans_and_counts_them(store: Store[Any]) -> None:
+    orphan, fresh = msg(n=1), msg(n=2, at=T0 + LEASE)
+    await add(store, orphan)
+    await store.claim(T0, LEASE, 10)  # its relay dies
+    await add(store, fresh)
+
+    claimed = await store.claim(T0 + LEASE, LEASE, 10, isolate=True)
+
+    assert [m.id for m in claimed] == [fresh.id]
+    assert claimed.orphans == 1
+    state = await store.get(orphan.id)
+    assert state.leased_until == T0 + LEASE  # untouched
+
+
+async def test_solo_claim_takes_only_orphans_and_forgives_a_shared_lease(
+    store: Store[Any],
+) -> None:
+    orphan, fresh = msg(n=1), msg(n=2)
+    await add(store, orphan, fresh)
+    await store.claim(T0, LEASE, 1)  # the orphan's relay dies
+    now = T0 + LEASE
+
+    [alone] = await store.claim(now, LEASE, 10, isolate=True, solo=True)
+    assert alone.id == orphan.id
+    assert alone.attempts == 1  # the shared lease that ran out is not counted
+    assert await store.claim(now, LEASE, 10, isolate=True, solo=True) == []
+
+    # Delivered alone, it killed its relay again: now it counts.
+    [again] = await store.claim(now + LEASE, LEASE, 10, isolate=True, solo=True)
+    assert again.attempts == 2
+
+
+async def test_caps_bound_how_many_of_a_topic_one_claim_takes(store: Store[Any]) -> None:
+    slow = [msg("hooks.slow", n=i) for i in range(5)]
+    fast = [msg("orders.placed", at=T0 + SECOND, n=i) for i in range(3)]
+    await add(store, *slow, *fast)
+    now = T0 + dt.timedelta(minutes=1)
+
+    claimed = await store.claim(now, LEASE, 10, topics=["orders.placed"], caps={"hooks.slow": 2})
+
+    assert [m.topic for m in claimed] == ["hooks.slow"] * 2 + ["orders.placed"] * 3
+    assert [m.id for m in claimed[:2]] == [m.id for m in sorted(slow, key=lambda m: m.id)[:2]]
+    none_left = await store.claim(now, LEASE, 10, topics=[], caps={"hooks.slow": 0})
+    assert none_left == []
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+async def test_caps_and_free_topics_share_the_limit(store: Store[Any], limit: int) -> None:
+    await add(store, *(msg("a.capped", n=i) for i in range(3)))
+    await add(store, *(msg("b.free", n=i) for i in range(3)))
+
+    claimed = await store.claim(T0, LEASE, limit, topics=["b.free"], caps={"a.capped": 3})
+
+    assert len(claimed) == limit
+    assert len({m.id for m in claimed}) == limit
+    assert all(isinstance(m.lease, uuid.UUID) for m in claimed)
