@@ -7,8 +7,10 @@ binary fails the test instead.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+from typing import NoReturn
 
 import pytest
 
@@ -18,7 +20,18 @@ def require(binary: str, package: str) -> str:
     path = shutil.which(binary)
     if path:
         return path
-    reason = f"{binary} is not installed (apt-get install {package})"
+    _missing(f"{binary} is not installed (apt-get install {package})")
+
+
+def require_library(pattern: str, package: str) -> str:
+    """The path of the shared library ``pattern`` (a glob) names; skip or fail as above."""
+    found = sorted(glob.glob(pattern))
+    if found:
+        return found[0]
+    _missing(f"{pattern} is not installed (apt-get install {package})")
+
+
+def _missing(reason: str) -> NoReturn:
     if os.environ.get("OUTBOX_TEST_REQUIRE_ALL") == "1":
         pytest.fail(reason)
     pytest.skip(reason)

@@ -17,13 +17,15 @@ from typing import Any, TextIO
 
 from outbox.durations import format_duration
 from outbox.errors import ConfigError
-from outbox.store import Store, StoredMessage, TopicSettings
+from outbox.store import RelayInfo, Store, StoredMessage, TopicSettings
 
 __all__ = [
     "DEFAULT",
     "list_buried",
     "purge",
+    "relays_list",
     "requeue",
+    "serving_relays",
     "show",
     "topics_list",
     "topics_set",
@@ -212,6 +214,7 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
     entries = await store.topics()
     stats = {s.topic: s for s in await store.topic_stats()}
     names = sorted(set(entries) | set(stats))
+    serving = serving_relays(await store.relays())
     if output == "json":
         rows_json = []
         for name in names:
@@ -225,7 +228,9 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
                     "config": dict(e.config) if e else {},
                     "max_attempts": e.max_attempts if e else None,
                     "timeout": format_duration(e.timeout) if e and e.timeout else None,
+                    "max_in_flight": e.max_in_flight if e else None,
                     "source": e.source if e else None,
+                    "relays": serving.get(name, 0),
                     "pending": st.pending if st else 0,
                     "buried": st.buried if st else 0,
                 }
@@ -237,7 +242,18 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
         out.write("no topics\n")
         return
     rows = [
-        ["TOPIC", "ENABLED", "HANDLER", "MAX ATTEMPTS", "TIMEOUT", "PENDING", "BURIED", "SOURCE"]
+        [
+            "TOPIC",
+            "ENABLED",
+            "HANDLER",
+            "MAX ATTEMPTS",
+            "TIMEOUT",
+            "IN FLIGHT",
+            "RELAYS",
+            "PENDING",
+            "BURIED",
+            "SOURCE",
+        ]
     ]
     for name in names:
         e, st = entries.get(name), stats.get(name)
@@ -248,6 +264,8 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
                 (e.handler if e and e.handler else "built-in"),
                 str(e.max_attempts) if e and e.max_attempts else "default",
                 format_duration(e.timeout) if e and e.timeout else "default",
+                str(e.max_in_flight) if e and e.max_in_flight else "default",
+                str(serving.get(name, 0)),
                 str(st.pending if st else 0),
                 str(st.buried if st else 0),
                 (e.source or "-") if e else "(no entry)",
@@ -287,6 +305,62 @@ async def topics_set(
     state = "enabled" if entry.enabled else "paused"
     out.write(f"{topic}: {state}, handler {entry.handler or 'built-in'}\n")
     return entry
+
+
+def serving_relays(relays: Sequence[RelayInfo]) -> dict[str, int]:
+    """How many of ``relays`` serve each topic."""
+    counts: dict[str, int] = {}
+    for r in relays:
+        for t in r.topics:
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+async def relays_list(store: Store[Any], *, output: str, out: TextIO = sys.stdout) -> None:
+    """The live relays and what each serves, so disagreements between them show."""
+    found = await store.relays()
+    if output == "json":
+        rows_json = [
+            {
+                "id": str(r.id),
+                "host": r.host,
+                "pid": r.pid,
+                "version": r.version,
+                "topics": list(r.topics),
+                "kinds": list(r.kinds),
+                "started_at": _iso(r.started_at),
+                "seen_at": _iso(r.seen_at),
+            }
+            for r in found
+        ]
+        json.dump(rows_json, out, indent=2)
+        out.write("\n")
+        return
+    if not found:
+        out.write("no live relays\n")
+        return
+    rows = [["ID", "HOST", "PID", "VERSION", "STARTED", "SEEN", "KINDS", "TOPICS"]]
+    rows += [
+        [
+            str(r.id)[:8],
+            r.host,
+            str(r.pid),
+            r.version,
+            _when(r.started_at),
+            _when(r.seen_at),
+            ",".join(r.kinds) or "-",
+            ",".join(r.topics) or "-",
+        ]
+        for r in found
+    ]
+    table(rows, out)
+    every = sorted({t for r in found for t in r.topics})
+    partial = [t for t in every if not all(t in r.topics for r in found)]
+    if partial:
+        out.write(
+            "\nserved by some relays only (a rolling deploy, or relays configured "
+            f"differently): {', '.join(partial)}\n"
+        )
 
 
 DEFAULT: Any = object()

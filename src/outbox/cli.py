@@ -140,6 +140,20 @@ def _parser() -> argparse.ArgumentParser:
     _buried_parser(commands, formatter)
     _topics_parser(commands, formatter)
 
+    relays = commands.add_parser(
+        "relays",
+        help="list the live relays and the topics each serves",
+        description=(
+            "List the relay processes that refreshed their registration recently, with the "
+            "topics and handler kinds each serves. A topic only some relays serve is named "
+            "below the table."
+        ),
+        epilog=_settings_help(ServiceSettings, only=_DATABASE),
+        formatter_class=formatter,
+    )
+    relays.add_argument("--output", choices=("table", "json"), default="table")
+    relays.set_defaults(func=_relays)
+
     env = commands.add_parser(
         "env",
         help="list every OUTBOX_* variable with its default",
@@ -272,6 +286,11 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     tune.add_argument(
         "--timeout", type=_optional(_duration), help="below OUTBOX_LEASE, or 'default'"
     )
+    tune.add_argument(
+        "--max-in-flight",
+        type=_optional(_positive),
+        help="most deliveries of the topic in flight in one relay, or 'default'",
+    )
     state = tune.add_mutually_exclusive_group()
     state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
     state.add_argument("--paused", dest="enabled", action="store_const", const=False)
@@ -281,13 +300,17 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
         act = actions.add_parser(name, help=f"{name} delivery of a topic")
         act.add_argument("topic", type=_topic)
         act.set_defaults(func=_topics_set, enabled=enabled, handler=None, config=None)
-        act.set_defaults(max_attempts=None, timeout=None)
+        act.set_defaults(max_attempts=None, timeout=None, max_in_flight=None)
 
     delete = actions.add_parser(
         "delete", help="remove a topic's entry: back to its built-in handler (not a pause)"
     )
     delete.add_argument("topic", type=_topic)
     delete.set_defaults(func=_topics_delete)
+
+
+def _relays(args: argparse.Namespace) -> int:
+    return _with_store(lambda store: admin.relays_list(store, output=args.output))
 
 
 def _topics_list(args: argparse.Namespace) -> int:
@@ -307,6 +330,7 @@ def _topics_set(args: argparse.Namespace) -> int:
             config=args.config,
             max_attempts=args.max_attempts,
             timeout=args.timeout,
+            max_in_flight=args.max_in_flight,
         )
     )
 

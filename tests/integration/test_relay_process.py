@@ -117,43 +117,6 @@ def test_relay_refuses_an_unmigrated_database(pg_conninfo: str) -> None:
     assert "run `outbox migrate` first" in result.stderr.splitlines()[-1]
 
 
-def test_killed_relays_lose_nothing_and_repeat_only_what_was_in_flight(
-    db: str, relays: list[RelayProcess], tmp_path: Path
-) -> None:
-    settings = {
-        "OUTBOX_BATCH": "20",
-        "OUTBOX_TIMEOUT": "1s",
-        "OUTBOX_LEASE": "3s",
-        "RECORDING_DELAY": "0.005",
-    }
-    fleet = [recording_relay(relays, tmp_path, db, **settings) for _ in range(3)]
-    for relay in fleet:
-        relay.wait_ready()
-    ids = add_messages(db, recording.TOPIC, 3000)
-    victims = fleet[:2]
-
-    for relay, after in zip(victims, (400, 1200), strict=True):
-        wait_until(f"{after} deliveries", lambda n=after: delivered_count(db) >= n)
-        relay.signal(signal.SIGKILL)
-        relay.wait(10)
-    wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=120)
-
-    seen = deliveries(db)
-    assert set(seen) == set(ids), "a message was lost"
-    repeated = {i for i, n in seen.items() if n > 1}
-    killed = {r.pid for r in victims}
-    first_by = dict(
-        query(
-            db,
-            "SELECT DISTINCT ON (message_id) message_id, pid FROM deliveries"
-            " ORDER BY message_id, ctid",
-        )
-    )
-    assert all(first_by[i] in killed for i in repeated), "a message was repeated without a crash"
-    assert len(repeated) <= len(victims) * 20, "more repeats than messages in flight"
-    assert max(seen.values()) <= 1 + len(victims)
-
-
 def test_sigterm_finishes_in_flight_and_leaves_nothing_leased(
     db: str, relays: list[RelayProcess], tmp_path: Path
 ) -> None:

@@ -84,7 +84,7 @@ class Relay:
         self.router = Router(handlers, kinds or {}, cfg)
         self.metrics = RelayMetrics.of(registry)
         self.metrics.in_flight.set_function(lambda: len(self._held))
-        self.settler = Settler(store, self.metrics, self._store_now)
+        self.settler = Settler(store, self.metrics, self._store_now, self._written)
         self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock)
         # Export every known topic's counters at 0 from the start: increase()
         # needs a sample before the first burial to see it.
@@ -261,8 +261,9 @@ class Relay:
         await self.settler.flush()
         self._queue.clear()
         for held in list(self._held.values()):
-            self._settled(held)
-            self.settler.release(held)
+            if not held.decided:
+                self._decide(held)
+                self.settler.release(held)
         await self.settler.flush()
         try:
             await self.fleet.leave()
@@ -341,7 +342,7 @@ class Relay:
         """Whether ``held`` goes to its handler; if not, settle it now."""
         m, route = held.message, held.route
         if route is None:  # the registry changed since the claim: let another relay
-            self._settled(held)
+            self._decide(held)
             self.settler.release(held)
             return False
         if m.attempts > route.max_attempts:
@@ -352,7 +353,7 @@ class Relay:
                 )
             else:
                 reason = f"claimed {m.attempts} times, more than maxAttempts {route.max_attempts}"
-            self._settled(held)
+            self._decide(held)
             self.settler.bury(held, reason)
             return False
         return True
@@ -381,10 +382,10 @@ class Relay:
         try:
             await route.handler(m)
         except Permanent as exc:
-            self._settled(held)
+            self._decide(held)
             self.settler.bury(held, f"permanent: {exc.reason}")
         except Dropped as exc:
-            self._settled(held)
+            self._decide(held)
             self.settler.ack(held, dropped=exc.reason)
         except RetryAfter as exc:
             self._fail(held, exc.reason, exc.delay)
@@ -396,37 +397,42 @@ class Relay:
             # The handler raised it on its own (a cancelled task inside it).
             self._fail(held, "CancelledError: raised by the handler")
         else:
-            self._settled(held)
+            self._decide(held)
             self.settler.ack(held)
         finally:
             self.metrics.topic(m.topic).duration.observe(time.perf_counter() - started)
 
     def _timed_out(self, held: Held) -> None:
-        if held.message.id not in self._held:
+        if held.decided:
             return
         if self._stopping:
-            self._settled(held)
+            self._decide(held)
             self.settler.release(held)
             return
         self._fail(held, f"timed out after {format_duration(held.route.timeout)}")
 
     def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> None:
         m = held.message
-        self._settled(held)
+        self._decide(held)
         if m.attempts >= held.route.max_attempts:
             self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
         else:
             self.settler.retry(held, delay or backoff(m.attempts), reason)
 
-    def _settled(self, held: Held) -> None:
-        """``held`` has an outcome: free its slot."""
-        m = held.message
-        if self._held.pop(m.id, None) is None:
+    def _decide(self, held: Held) -> None:
+        """``held`` has an outcome: its delivery no longer counts against its topic."""
+        if held.decided:
             return
+        held.decided = True
         route = held.route
         if route is not None and route.max_in_flight is not None:
-            self._topic_load[m.topic] -= 1
-        self._signal()
+            self._topic_load[held.message.topic] -= 1
+            self._signal()
+
+    def _written(self, held: Held) -> None:
+        """``held``'s outcome is in the store (or given up): free its slot."""
+        if self._held.pop(held.message.id, None) is not None:
+            self._signal()
 
     # -- waiting ---------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
@@ -66,20 +66,29 @@ class Held:
     """When its lease ends, on the monotonic clock (a little early: measured
     before the claim was sent)."""
     solo: bool = False
+    decided: bool = False
+    """Its outcome is known (queued for writing, or written)."""
 
 
 class Settler:
-    """Writes outcomes for one relay; ``run()`` flushes whenever some are queued."""
+    """Writes outcomes for one relay; ``run()`` flushes whenever some are queued.
+
+    ``written`` is called for each message once its outcome's write is over
+    (done, fenced out, or given up): only then does it stop taking a slot, so
+    a relay that dies repeats at most its slots' worth of deliveries.
+    """
 
     def __init__(
         self,
         store: Store[Any],
         metrics: RelayMetrics,
         now: Callable[[], dt.datetime | None],
+        written: Callable[[Held], None] = lambda held: None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.now = now
+        self.written = written
         self.acks: list[Held] = []
         self.dropped: dict[uuid.UUID, str] = {}
         self.retries: list[tuple[Held, dt.timedelta, str]] = []
@@ -145,15 +154,19 @@ class Settler:
                 try:
                     if acks:
                         await self._acks(acks, dropped)
+                        self._over(acks)
                     stage = 1
                     if retries:
                         await self._retries(retries)
+                        self._over(h for h, _, _ in retries)
                     stage = 2
                     if buries:
                         await self._buries(buries)
+                        self._over(h for h, _ in buries)
                     stage = 3
                     if releases:
                         await self._releases(releases)
+                        self._over(releases)
                 except BaseException:
                     if stage <= 0:
                         self.acks[:0] = acks
@@ -164,6 +177,10 @@ class Settler:
                         self.buries[:0] = buries
                     self.releases[:0] = releases
                     raise
+
+    def _over(self, items: Iterable[Held]) -> None:
+        for held in items:
+            self.written(held)
 
     async def _acks(self, acks: list[Held], dropped: dict[uuid.UUID, str]) -> None:
         done = await self._persist(

@@ -1,0 +1,230 @@
+"""Several real `outbox relay` processes on one table: killed, stopped, skewed, mixed versions."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from outbox.postgres import migrate
+from tests.integration import recording
+from tests.integration.process import (
+    RelayProcess,
+    add_messages,
+    count,
+    query,
+    run_outbox,
+    wait_until,
+)
+from tests.tools import require_library
+
+
+@pytest.fixture
+def db(pg_conninfo: str) -> str:
+    anyio.run(migrate, pg_conninfo)
+    query(pg_conninfo, recording.DDL)
+    return pg_conninfo
+
+
+@pytest.fixture
+def relays() -> Iterator[list[RelayProcess]]:
+    started: list[RelayProcess] = []
+    yield started
+    for relay in started:
+        if relay.proc.poll() is None:
+            relay.signal(signal.SIGCONT)
+        relay.stop()
+
+
+def start(
+    relays: list[RelayProcess],
+    tmp_path: Path,
+    db: str,
+    *,
+    recording_handler: bool = True,
+    **settings: str,
+) -> RelayProcess:
+    env = {"OUTBOX_DATABASE_URL": db, "OUTBOX_INTERVAL": "100ms", **settings}
+    if recording_handler:
+        env["OUTBOX_HANDLERS"] = "tests.integration.recording:handlers"
+    relay = RelayProcess(tmp_path, **env)
+    relays.append(relay)
+    return relay
+
+
+def delivered(db: str) -> dict[object, int]:
+    rows = query(db, "SELECT message_id, count(*) FROM deliveries GROUP BY 1")
+    return {r[0]: int(r[1]) for r in rows}  # type: ignore[call-overload]
+
+
+def outbox_empty(db: str) -> bool:
+    return count(db, "SELECT count(*) FROM outbox_messages") == 0
+
+
+def sample(metrics: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", metrics, re.MULTILINE)
+    return float(found[1]) if found else 0.0
+
+
+def test_relays_killed_again_and_again_lose_nothing_and_repeat_only_their_slots(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    settings = {
+        "OUTBOX_BATCH": "10",
+        "OUTBOX_CONCURRENCY": "20",
+        "OUTBOX_TIMEOUT": "1s",
+        "OUTBOX_LEASE": "2s",
+        "RECORDING_DELAY": "0.005",
+    }
+    live = [start(relays, tmp_path, db, **settings) for _ in range(2)]
+    for relay in live:
+        relay.wait_ready()
+    ids = add_messages(db, recording.TOPIC, 3000)
+    killed: set[int] = set()
+
+    for after in (300, 800, 1400, 2000):
+        wait_until(f"{after} deliveries", lambda n=after: len(delivered(db)) >= n, timeout=60)
+        victim = live.pop(0)
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
+        killed.add(victim.pid)
+        live.append(start(relays, tmp_path, db, **settings))
+    wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=120)
+
+    seen = delivered(db)
+    assert set(seen) == set(ids), "a message was lost"
+    repeated = {i for i, n in seen.items() if n > 1}
+    first_by = dict(
+        query(
+            db,
+            "SELECT DISTINCT ON (message_id) message_id, pid FROM deliveries"
+            " ORDER BY message_id, ctid",
+        )
+    )
+    assert all(first_by[i] in killed for i in repeated), "a message was repeated without a crash"
+    assert len(repeated) <= len(killed) * 20, "more repeats than the killed relays had slots"
+    assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
+
+
+def test_a_relay_stopped_past_its_lease_changes_nothing_when_it_wakes(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    stalled = start(
+        relays,
+        tmp_path,
+        db,
+        OUTBOX_TIMEOUT="1s",
+        OUTBOX_LEASE="3s",
+        RECORDING_DELAY="5",  # every delivery outlives the timeout
+    )
+    stalled.wait_ready()
+    ids = add_messages(db, recording.TOPIC, 5)
+    wait_until("5 deliveries in flight", lambda: len(delivered(db)) == 5, timeout=10)
+    stalled.signal(signal.SIGSTOP)  # within the timeout: nothing has failed yet
+
+    healthy = start(relays, tmp_path, db, OUTBOX_TIMEOUT="1s", OUTBOX_LEASE="3s")
+    wait_until("the healthy relay to take over", lambda: outbox_empty(db), timeout=30)
+    stalled.signal(signal.SIGCONT)  # its deadlines have passed: it writes back retries
+
+    def lost() -> float:
+        return sample(stalled.get("/metrics")[1], 'outbox_lease_lost_total{topic="test.record"}')
+
+    wait_until("the stale relay to count its lost leases", lambda: lost() == 5, timeout=15)
+    assert outbox_empty(db), "a stale write-back brought a delivered message back"
+    seen = delivered(db)
+    assert set(seen) == set(ids)
+    assert all(n == 2 for n in seen.values())  # once by each relay, no third owner
+    records = stalled.log_records()
+    lost_lines = [r["message"] for r in records if r["message"].startswith("lease lost")]
+    assert len(lost_lines) == 5
+    assert {m for i in ids for m in lost_lines if str(i) in m} == set(lost_lines)
+    healthy.signal(signal.SIGTERM)
+    assert healthy.wait(15) == 0
+
+
+def test_a_relay_whose_clock_runs_minutes_ahead_delivers_nothing_twice(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    library = require_library("/usr/lib/*/faketime/libfaketime.so.1", "faketime")
+    settings = {"OUTBOX_BATCH": "10", "OUTBOX_CONCURRENCY": "20", "RECORDING_DELAY": "0.05"}
+    honest = start(relays, tmp_path, db, **settings)
+    # The library is preloaded into the relay itself (not the faketime wrapper,
+    # which would fork it), so the pid held here is the skewed relay.
+    skewed = start(
+        relays,
+        tmp_path,
+        db,
+        LD_PRELOAD=library,
+        FAKETIME="+5m",
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+        **settings,
+    )
+    honest.wait_ready()
+    skewed.wait_ready()
+    ids = add_messages(db, recording.TOPIC, 600)
+
+    wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=60)
+
+    seen = delivered(db)
+    assert set(seen) == set(ids)
+    assert max(seen.values()) == 1, "a skewed relay took messages under another's lease"
+    pids = {r[0] for r in query(db, "SELECT DISTINCT pid FROM deliveries")}
+    assert pids == {honest.pid, skewed.pid}
+    skew = sample(skewed.get("/metrics")[1], "outbox_clock_skew_seconds")
+    assert 290 < skew < 310
+    assert abs(sample(honest.get("/metrics")[1], "outbox_clock_skew_seconds")) < 1
+    said = [r["message"] for r in skewed.log_records()]
+    assert sum("clock is" in m and "ahead of the database's" in m for m in said) == 1
+
+
+def test_a_rolling_deploy_buries_nothing(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    ids = add_messages(db, recording.TOPIC, 50)
+    old = start(relays, tmp_path, db, recording_handler=False, OUTBOX_LOG_TOPICS="orders.placed")
+    old.wait_ready()
+    # Its first sweep notes the topic nobody serves; it polls every 100ms meanwhile.
+    wait_until("the unserved topic to be noted", lambda: _noted(db), timeout=10)
+    wait_until("a second of polls", lambda: _polled_for(db, seconds=1), timeout=10)
+
+    assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
+    assert count(db, "SELECT count(*) FROM outbox_messages WHERE attempts > 0") == 0
+
+    new = start(relays, tmp_path, db)
+    new.wait_ready()
+    wait_until("the new relay to deliver", lambda: outbox_empty(db), timeout=30)
+    listed = run_outbox("relays", "--output", "json", OUTBOX_DATABASE_URL=db)
+    assert listed.returncode == 0, listed.stderr
+    served = {r["pid"]: r["topics"] for r in json.loads(listed.stdout)}
+    assert served == {old.pid: ["orders.placed"], new.pid: [recording.TOPIC]}
+    table = run_outbox("relays", OUTBOX_DATABASE_URL=db)
+    assert "served by some relays only" in table.stdout
+    assert recording.TOPIC in table.stdout.splitlines()[-1]
+
+    seen = delivered(db)
+    assert set(seen) == set(ids)
+    assert max(seen.values()) == 1
+    for relay in (old, new):
+        relay.signal(signal.SIGTERM)
+        assert relay.wait(15) == 0
+    assert count(db, "SELECT count(*) FROM outbox_relays") == 0, "a clean exit leaves no row"
+
+
+def _noted(db: str) -> bool:
+    return count(db, "SELECT count(*) FROM outbox_unserved") == 1
+
+
+def _polled_for(db: str, seconds: int) -> bool:
+    return (
+        count(
+            db,
+            "SELECT count(*) FROM outbox_unserved"
+            f" WHERE since < now() - interval '{seconds} seconds'",
+        )
+        == 1
+    )
