@@ -35,13 +35,13 @@ async def test_create_edit_delete_drive_the_registry(cluster: Cluster) -> None:
     topics = await cluster.store.topics()
     assert topics[LOGIN_LINK].source == "kubernetes:ns1/mail-login-link"
 
-    await cluster.edit("mail-login-link", enabled=False, maxAttempts=3, timeout="10s")
+    await cluster.edit(
+        "mail-login-link", enabled=False, maxAttempts=3, timeout="10s", maxInFlight=4
+    )
     await eventually("the pause", lambda: _enabled(cluster, LOGIN_LINK, False))
     topics = await cluster.store.topics()
-    assert (topics[LOGIN_LINK].max_attempts, topics[LOGIN_LINK].timeout) == (
-        3,
-        dt.timedelta(seconds=10),
-    )
+    got = topics[LOGIN_LINK]
+    assert (got.max_attempts, got.timeout, got.max_in_flight) == (3, dt.timedelta(seconds=10), 4)
     await eventually(
         "observedGeneration 2",
         lambda: cluster.obj("mail-login-link")["status"]["observedGeneration"] == 2,
@@ -110,6 +110,33 @@ async def test_status_shows_the_backlog(cluster: Cluster) -> None:
 
     await eventually("the backlog in status", counted)
     assert cluster.obj("orders")["status"]["buried"] == 0
+    assert cluster.obj("orders")["status"]["relays"] == 0
+
+
+async def test_status_counts_the_live_relays_that_serve_the_topic(cluster: Cluster) -> None:
+    relays = [
+        Relay(
+            cluster.store,
+            {},
+            RelayConfig.model_validate({}),
+            registry=CollectorRegistry(),
+            kinds=HandlerKinds().mapping,
+        )
+        for _ in range(2)
+    ]
+    await cluster.create("orders", topic="orders.placed", handler="log")
+    await eventually("the entry", lambda: _has(cluster, "orders.placed"))
+    for relay in relays:
+        await relay.housekeep(force=True)  # reads the registry, then registers
+
+    def served_by_two() -> bool:
+        return cluster.obj("orders").get("status", {}).get("relays") == 2
+
+    await eventually("two relays in status", served_by_two)
+    await relays[0].fleet.leave()
+    await eventually(
+        "one relay in status", lambda: cluster.obj("orders")["status"].get("relays") == 1
+    )
 
 
 async def test_relay_honours_pause_within_a_poll_and_resumes(cluster: Cluster) -> None:

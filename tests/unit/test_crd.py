@@ -62,6 +62,7 @@ BASE = {"spec": {"topic": "mail.login_link"}}
         ({"spec": {"topic": "a", "enabled": "yes"}}, "enabled is a boolean"),
         ({"spec": {"topic": "a", "maxAttempts": 0}}, "maxAttempts below 1"),
         ({"spec": {"topic": "a", "maxAttempts": 5000}}, "maxAttempts above 1000"),
+        ({"spec": {"topic": "a", "maxInFlight": 0}}, "maxInFlight below 1"),
         ({"spec": {"topic": "a", "timeout": "30"}}, "timeout without a unit"),
         ({"spec": {"topic": "a", "timeout": "-5s"}}, "negative timeout"),
         ({"spec": {"topic": "a", "handler": "Web Hook"}}, "handler name"),
@@ -80,6 +81,16 @@ def test_bad_specs_are_refused(change: dict[str, Any], why: str) -> None:
 def test_printer_columns_show_what_sres_look_for() -> None:
     columns = [c["name"] for c in CRD["spec"]["versions"][0]["additionalPrinterColumns"]]
 
-    assert columns == ["Topic", "Handler", "Enabled", "Pending", "Buried", "Oldest", "Ready", "Age"]
+    assert columns == [
+        "Topic",
+        "Handler",
+        "Enabled",
+        "Relays",
+        "Pending",
+        "Buried",
+        "Oldest",
+        "Ready",
+        "Age",
+    ]
     assert CRD["spec"]["names"]["shortNames"] == ["obt"]
     assert CRD["spec"]["versions"][0]["subresources"] == {"status": {}}

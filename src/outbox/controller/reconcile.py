@@ -80,6 +80,9 @@ def desired(
     max_attempts = spec.get("maxAttempts")
     if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
         raise InvalidSpec("spec.maxAttempts must be a whole number of at least 1")
+    max_in_flight = spec.get("maxInFlight")
+    if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
+        raise InvalidSpec("spec.maxInFlight must be a whole number of at least 1")
     return TopicSettings(
         topic=topic,
         enabled=bool(spec.get("enabled", True)),
@@ -87,6 +90,7 @@ def desired(
         config=config,
         max_attempts=max_attempts,
         timeout=timeout,
+        max_in_flight=max_in_flight,
     )
 
 
@@ -118,12 +122,13 @@ def _describe(e: TopicSettings) -> str:
     return (
         f"{e.topic}: {'enabled' if e.enabled else 'paused'}, handler {e.handler or 'built-in'}, "
         f"maxAttempts {e.max_attempts or 'default'}, "
-        f"timeout {format_duration(e.timeout) if e.timeout else 'default'}"
+        f"timeout {format_duration(e.timeout) if e.timeout else 'default'}, "
+        f"maxInFlight {e.max_in_flight or 'default'}"
     )
 
 
 def _same(a: TopicSettings, b: TopicSettings) -> bool:
-    fields = ("topic", "enabled", "handler", "max_attempts", "timeout", "source")
+    fields = ("topic", "enabled", "handler", "max_attempts", "timeout", "max_in_flight", "source")
     same = all(getattr(a, f) == getattr(b, f) for f in fields)
     return same and dict(a.config) == dict(b.config)
 
@@ -183,10 +188,12 @@ async def forget(store: Store[Any], source: str) -> list[str]:
 
 
 async def backlog(store: Store[Any], topic: str, now: dt.datetime) -> dict[str, Any]:
-    """The status fields that show a topic's backlog."""
+    """The status fields that show a topic's backlog and how many live relays serve it."""
     stats = {s.topic: s for s in await store.topic_stats()}.get(topic)
     oldest = stats.oldest_pending if stats else None
+    relays = sum(topic in r.topics for r in await store.relays())
     return {
+        "relays": relays,
         "pending": stats.pending if stats else 0,
         "buried": stats.buried if stats else 0,
         "oldestPendingSeconds": int((now - oldest).total_seconds()) if oldest else 0,
