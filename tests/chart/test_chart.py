@@ -19,6 +19,7 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as prom
 
 from outbox import __name__ as package
+from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, SmtpSettings, variables
 from tests.chart.render import CHART, K8S, documents, plain_manifests, render
 from tests.unit.test_crd import valid as valid_outboxtopic
 
@@ -293,3 +294,25 @@ def test_chart_dir_holds_what_helm_packages() -> None:
     }
     assert isinstance(json.loads((CHART / "values.schema.json").read_text()), dict)
     assert Path(CHART / "templates" / "NOTES.txt").exists()
+
+
+def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -> None:
+    values = {"relay": {"concurrency": 200, "maxInFlight": 5, "unservedGrace": "15m"}}
+    [relay] = [
+        d
+        for d in by_kind(documents(render(values)), "Deployment")
+        if d["metadata"]["name"].endswith("outbox-relay")
+    ]
+    [c] = relay["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+
+    assert env["OUTBOX_CONCURRENCY"]["value"] == "200"
+    assert env["OUTBOX_MAX_IN_FLIGHT"]["value"] == "5"
+    assert env["OUTBOX_UNSERVED_GRACE"]["value"] == "15m"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    known = {
+        name for name, _, _ in variables(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings)
+    }
+    assert {n for n in env if n.startswith("OUTBOX_")} <= known
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"relay": {"concurrency": 0}})
