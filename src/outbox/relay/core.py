@@ -53,6 +53,8 @@ log = logging.getLogger("outbox.relay")
 _FAILURE_BACKOFF_CEILING = 30.0
 # How long a cancelled relay may spend settling and handing its messages back.
 _HAND_BACK_GRACE = 2.0
+# A handler's deadline may come this share of its timeout early (see _work).
+_DEADLINE_SLACK = 0.01
 
 
 class Relay:
@@ -196,7 +198,7 @@ class Relay:
                 tg.start_soon(self._housekeeping)
                 await self._feed(tg)
                 await self._until(lambda: self._workers == 0)
-                tg.cancel_scope.cancel()
+                self.settler.close()  # its run() returns once it wrote what is queued
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()
@@ -246,7 +248,7 @@ class Relay:
     async def _housekeeping(self) -> None:
         """Registry, registration and sweep, every interval, apart from claiming."""
         interval = self.config.interval.total_seconds()
-        while True:
+        while not self._stopping:
             try:
                 await self.housekeep()
             except Exception as exc:
@@ -254,7 +256,7 @@ class Relay:
                     log.warning("housekeeping failed: %s", exc)
                 else:
                     log.exception("housekeeping failed")
-            await anyio.sleep(interval)
+            await self._sleep(interval)
 
     async def _hand_back(self) -> None:
         """Ack what was delivered, release what is unfinished, leave the fleet."""
@@ -365,7 +367,13 @@ class Relay:
                 with anyio.CancelScope() as scope:
                     while self._queue and not self._stopping:
                         current = self._queue.popleft()
-                        scope.deadline = anyio.current_time() + current.route.seconds
+                        # Moving a deadline reschedules a timer: skip it while the
+                        # one set for an earlier message is at most _DEADLINE_SLACK
+                        # of this message's timeout early (never late).
+                        route = current.route
+                        due = anyio.current_time() + route.seconds
+                        if not due - route.seconds * _DEADLINE_SLACK <= scope.deadline <= due:
+                            scope.deadline = due
                         await self._deliver(current)
                         current = None
                         if scope.cancel_called:
@@ -448,10 +456,12 @@ class Relay:
                 break
             await self._changed.wait()
 
-    async def _sleep(self, seconds: float, slack: float) -> None:
+    async def _sleep(self, seconds: float, slack: float | None = None) -> None:
+        """Wait ``seconds`` or until stopped; with ``slack``, report alive until then."""
         if self._stopping or self._wake is None:
             return
-        self._report_by = time.monotonic() + seconds + slack
+        if slack is not None:
+            self._report_by = time.monotonic() + seconds + slack
         with anyio.move_on_after(seconds):
             await self._wake.wait()
 

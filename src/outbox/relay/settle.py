@@ -96,6 +96,7 @@ class Settler:
         self.releases: list[Held] = []
         self._ready: anyio.Event | None = None
         self._lock: anyio.Lock | None = None
+        self._closed = False
 
     # -- queueing (synchronous, cheap: called once per delivery) -------------
 
@@ -127,13 +128,22 @@ class Settler:
     # -- writing ---------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush whenever outcomes are queued, until cancelled."""
+        """Flush whenever outcomes are queued, until cancelled or closed and flushed."""
+        self._closed = False
         while True:
             self._ready = anyio.Event()
             if not self.pending():
+                if self._closed:
+                    return
                 await self._ready.wait()
                 self._ready = anyio.Event()
             await self.flush()
+
+    def close(self) -> None:
+        """Let run() return once it has written what is queued."""
+        self._closed = True
+        if self._ready is not None:
+            self._ready.set()
 
     async def flush(self) -> None:
         """Write everything queued, acks first; return once nothing is queued.

@@ -1,0 +1,316 @@
+"""The relay's pipeline side by side with an earlier version and the reference relay.
+
+Each scenario runs every system in its own fresh schema on one PostgreSQL, in
+the same run, so the figures compare (this machine is noisy: read ratios):
+
+- drain: N no-op messages at batch 100, one relay process, ``Relay.run()``
+  from start until the last ack; the reference relay drains its own table.
+- slow: 1 % of handlers sleep 5 s (a slow SMTP server), batch 100,
+  OUTBOX_CONCURRENCY 100; messages delivered in a fixed window, and for the
+  fast ones the time from the handler's return to the ack's commit (an AFTER
+  DELETE trigger stamps it with clock_timestamp()).
+- hanging: three healthy topics alone, then with a fourth whose handler
+  hangs until its 2 s timeout (maxInFlight 4 where the version has it); the
+  healthy topics' throughput in both.
+
+    python bench/pipeline.py [--database-url URL] [--baseline REF] [--messages N]
+
+The baseline (default: the last commit before the pipeline) is exported from
+git into a temporary folder and imported from there in its own processes.
+Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
+is started. Figures and the command that made them live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "bench" / "reference_relay.py"
+BASELINE = "eeecbe5"
+SLOW_SECONDS = 5.0
+WINDOW = 20.0
+
+
+# -- one system, in its own process -------------------------------------------------
+
+
+def worker(scenario: str, url: str, n: int) -> dict[str, Any]:
+    """Run ``scenario`` with whichever ``outbox`` is importable; return its figures."""
+    import anyio
+
+    return anyio.run(_worker, scenario, url, n)
+
+
+async def _worker(scenario: str, url: str, n: int) -> dict[str, Any]:
+    import datetime as dt
+
+    import anyio
+    import psycopg
+    from prometheus_client import CollectorRegistry
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from outbox import Message, Relay, RelayConfig, new_message
+    from outbox.postgres import PostgresStore, connect_pool, migrate
+    from outbox.store import TopicSettings
+
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    await migrate(conninfo)
+
+    def prefill(topics: list[tuple[str, dict[str, Any]]]) -> None:
+        with (
+            psycopg.connect(conninfo) as conn,
+            conn.cursor() as cur,
+            cur.copy(
+                "COPY outbox_messages (id, topic, payload, created_at, due_at) FROM STDIN"
+            ) as copy,
+        ):
+            for i, (topic, payload) in enumerate(topics):
+                m = new_message(topic, payload, t0 + dt.timedelta(microseconds=i))
+                copy.write_row((m.id, m.topic, m.payload.decode(), m.created_at, m.created_at))
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE outbox_messages")
+
+    returned: dict[uuid.UUID, float] = {}
+    delivered: dict[str, int] = {}
+    done = anyio.Event()
+    target = {"count": n}
+
+    async def noop(m: Message) -> None:
+        delivered[m.topic] = delivered.get(m.topic, 0) + 1
+        if sum(delivered.values()) >= target["count"]:
+            done.set()
+
+    async def maybe_slow(m: Message) -> None:
+        if m.payload.startswith(b'{"slow":true'):
+            await anyio.sleep(SLOW_SECONDS)
+        else:
+            returned[m.id] = time.time()
+        delivered["all"] = delivered.get("all", 0) + 1
+
+    async def healthy(m: Message) -> None:
+        delivered["healthy"] = delivered.get("healthy", 0) + 1
+        if delivered["healthy"] >= target["count"]:
+            done.set()
+
+    async def hang(m: Message) -> None:
+        await anyio.sleep_forever()
+
+    async def run(relay: Any, until: Any) -> float:
+        async with anyio.create_task_group() as tg:
+            started = time.perf_counter()
+            tg.start_soon(relay.run)
+            await until()
+            took = time.perf_counter() - started
+            relay.stop()
+        return took
+
+    try:
+        async with connect_pool(conninfo, min_size=2, max_size=4) as pool:
+            store = PostgresStore(pool)
+            out: dict[str, Any] = {}
+            if scenario == "drain":
+                prefill([("bench.noop", {"n": i, "to": "x@example.com"}) for i in range(n)])
+                cfg = RelayConfig.model_validate({"batch": 100, "interval": "10ms"})
+                relay = Relay(store, {"bench.noop": noop}, cfg, registry=CollectorRegistry())
+                took = await run(relay, done.wait)
+                out = {"msg_s": n / took}
+            elif scenario == "slow":
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    conn.execute(ACK_TRIGGER)
+                prefill([("bench.mail", {"slow": i % 100 == 50, "n": i}) for i in range(n)])
+                cfg = RelayConfig.model_validate(
+                    {"batch": 100, "concurrency": 100, "timeout": "30s", "interval": "10ms"}
+                )
+                relay = Relay(store, {"bench.mail": maybe_slow}, cfg, registry=CollectorRegistry())
+                took = await run(relay, lambda: anyio.sleep(WINDOW))
+                with psycopg.connect(conninfo, autocommit=True) as conn:
+                    acked = dict(conn.execute("SELECT id, extract(epoch FROM at) FROM bench_acks"))
+                waits = sorted(
+                    (float(acked[i]) - t) * 1000 for i, t in returned.items() if i in acked
+                )
+                out = {
+                    "msg_s": delivered.get("all", 0) / took,
+                    "ack_p50_ms": statistics.median(waits) if waits else None,
+                    "ack_p99_ms": waits[int(len(waits) * 0.99)] if waits else None,
+                }
+            elif scenario in ("healthy-alone", "healthy-with-hanging"):
+                rows = []
+                hanging = scenario == "healthy-with-hanging"
+                for i in range(n):
+                    rows.append((f"bench.healthy{i % 3}", {"n": i}))
+                    if hanging and i % 20 == 0:
+                        rows.append(("bench.stuck", {"n": i}))
+                prefill(rows)
+                if hanging and "max_in_flight" in TopicSettings.__dataclass_fields__:
+                    await store.set_topic(TopicSettings("bench.stuck", max_in_flight=4), t0)
+                cfg = RelayConfig.model_validate(
+                    {"batch": 100, "timeout": "2s", "lease": "10s", "interval": "10ms"}
+                )
+                handlers = {f"bench.healthy{k}": healthy for k in range(3)}
+                handlers["bench.stuck"] = hang
+                relay = Relay(store, handlers, cfg, registry=CollectorRegistry())
+                took = await run(relay, lambda: _within(done, 30))
+                out = {"msg_s": delivered.get("healthy", 0) / took}
+            return out
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def _within(event: Any, seconds: float) -> None:
+    import anyio
+
+    with anyio.move_on_after(seconds):
+        await event.wait()
+
+
+ACK_TRIGGER = """
+CREATE TABLE bench_acks (id uuid, at timestamptz);
+CREATE FUNCTION bench_ack() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO bench_acks VALUES (OLD.id, clock_timestamp());
+    RETURN OLD;
+END $$;
+CREATE TRIGGER bench_ack AFTER DELETE ON outbox_messages
+    FOR EACH ROW EXECUTE FUNCTION bench_ack();
+"""
+
+
+# -- the comparison ------------------------------------------------------------------
+
+
+def export(ref: str, into: Path) -> Path:
+    """``ref``'s src/ folder, exported from git into ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "src"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def run_system(src: Path, scenario: str, url: str, n: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            scenario,
+            "--database-url",
+            url,
+            "--messages",
+            str(n),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"{scenario} failed:\n{result.stderr}")
+    found: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return found
+
+
+def reference(url: str, n: int) -> float:
+    result = subprocess.run(
+        [sys.executable, str(REFERENCE), "--database-url", url, "--n", str(n), "--batch", "100"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rate: float = json.loads(result.stdout.strip().splitlines()[-1])["drain_msg_s"]
+    return rate
+
+
+def compare(url: str, baseline: str, n: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="outbox-baseline-") as tmp:
+        systems = {"baseline": export(baseline, Path(tmp)), "current": REPO / "src"}
+        print(f"baseline {baseline}; current: the working tree; {n} messages")
+        for r in range(rounds):
+            drains = {
+                name: run_system(src, "drain", url, n)["msg_s"] for name, src in systems.items()
+            }
+            ref = reference(url, n) if REFERENCE.exists() else float("nan")
+            base, cur = drains["baseline"], drains["current"]
+            print(
+                f"drain, batch 100, 1 process (round {r + 1}): baseline {base:,.0f}"
+                f"  current {cur:,.0f} ({cur / base:.2f}x)"
+                f"  reference {ref:,.0f} (current/reference {cur / ref:.2f})",
+                flush=True,
+            )
+        slow_n = 60_000
+        for name, src in systems.items():
+            got = run_system(src, "slow", url, slow_n)
+            p50 = got["ack_p50_ms"]
+            p99 = got["ack_p99_ms"]
+            print(
+                f"1% of handlers sleep {SLOW_SECONDS:.0f}s, concurrency 100, {WINDOW:.0f}s window: "
+                f"{name} {got['msg_s']:,.1f} msg/s, fast acks p50 "
+                f"{p50 if p50 is None else round(p50, 2)} ms, p99 "
+                f"{p99 if p99 is None else round(p99, 2)} ms",
+                flush=True,
+            )
+        healthy_n = max(n // 2, 3000)
+        for name, src in systems.items():
+            alone = run_system(src, "healthy-alone", url, healthy_n)["msg_s"]
+            mixed = run_system(src, "healthy-with-hanging", url, healthy_n)["msg_s"]
+            print(
+                f"healthy topics alone {alone:,.0f} msg/s, beside a hanging topic {mixed:,.0f}"
+                f" msg/s ({mixed / alone:.0%}): {name}",
+                flush=True,
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser.add_argument("--baseline", default=BASELINE)
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.database_url, args.messages)))
+        return 0
+    url = args.database_url
+    server = None
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
+        if not url:
+            sys.path.insert(0, str(REPO / "src"))
+            from outbox.embedded import EmbeddedPostgres
+
+            os.chmod(tmp, 0o755)
+            server = EmbeddedPostgres(Path(tmp) / "pgdata", delete=True)
+            url = server.start()
+        try:
+            compare(url, args.baseline, args.messages, args.rounds)
+        finally:
+            if server is not None:
+                server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
