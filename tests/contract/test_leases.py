@@ -8,20 +8,10 @@ from typing import Any
 
 import pytest
 
-from outbox import Message, Store, new_message
+from outbox import Message, Store
+from tests.contract.test_store import LEASE, T0, add, msg
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
-LEASE = dt.timedelta(minutes=2)
 SECOND = dt.timedelta(seconds=1)
-
-
-async def add(store: Store[Any], *msgs: Message) -> None:
-    async with store.begin() as tx:
-        await store.add(tx, *msgs)
-
-
-def msg(topic: str = "orders.placed", at: dt.datetime = T0, **payload: Any) -> Message:
-    return new_message(topic, payload or {"n": 1}, at)
 
 
 async def taken_over(store: Store[Any]) -> tuple[Message, Message]:

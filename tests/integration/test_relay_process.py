@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -23,22 +22,6 @@ from tests.integration.process import (
     run_outbox,
     wait_until,
 )
-
-
-@pytest.fixture
-def db(pg_conninfo: str) -> str:
-    """A migrated schema with the recording handler's table."""
-    anyio.run(migrate, pg_conninfo)
-    query(pg_conninfo, recording.DDL)
-    return pg_conninfo
-
-
-@pytest.fixture
-def relays() -> Iterator[list[RelayProcess]]:
-    started: list[RelayProcess] = []
-    yield started
-    for relay in started:
-        relay.stop()
 
 
 def recording_relay(

@@ -211,39 +211,41 @@ class Relay:
         failures = 0
         while not self._stopping:
             self._report_by = time.monotonic() + slack
-            if self._routes_at is None:  # never claim before the registry was read
-                try:
-                    await self.housekeep()
-                except Exception as exc:
-                    failures += 1
-                    wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
-                    _log_failure(exc, wait)
-                    await self._sleep(wait, slack)
-                continue
-            if self._orphans:
-                await self._until(lambda: not self._held)
-                if not self._stopping:
-                    await self._guarded(self._deliver_orphan(tg))
-                continue
-            free = self.slots - len(self._held)
-            if free <= 0:
-                await self._until(lambda: len(self._held) < self.slots)
-                continue
-            want = min(cfg.batch, free)
             try:
-                claimed = await self._claim(want)
+                idle = await self._feed_once(tg)
             except Exception as exc:
                 failures += 1
                 wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
-                _log_failure(exc, wait)
+                if isinstance(exc, StoreUnavailable):
+                    log.warning("poll failed: %s; next try in %.1fs", exc, wait)
+                else:
+                    log.exception("poll failed; next try in %.1fs", wait)
                 await self._sleep(wait, slack)
                 continue
             if failures:
                 log.info("store reachable again after %d failed polls", failures)
                 failures = 0
-            await self._start(claimed, tg)
-            if len(claimed) + claimed.orphans < want:
+            if idle:
                 await self._sleep(interval, slack)
+
+    async def _feed_once(self, tg: anyio.abc.TaskGroup) -> bool:
+        """One step of the feeder; True when nothing more is due now."""
+        if self._routes_at is None:  # never claim before the registry was read
+            await self.housekeep()
+            return False
+        if self._orphans:
+            await self._until(lambda: not self._held)
+            if not self._stopping:
+                await self._deliver_orphan(tg)
+            return False
+        free = self.slots - len(self._held)
+        if free <= 0:
+            await self._until(lambda: len(self._held) < self.slots)
+            return False
+        want = min(self.config.batch, free)
+        claimed = await self._claim(want)
+        await self._start(claimed, tg)
+        return len(claimed) + claimed.orphans < want
 
     async def _housekeeping(self) -> None:
         """Registry, registration and sweep, every interval, apart from claiming."""
@@ -315,14 +317,6 @@ class Relay:
             await self._start(claimed, tg)
             await self._until(lambda: not self._held)
         return 1
-
-    async def _guarded(self, work: Any) -> None:
-        try:
-            await work
-        except Exception as exc:
-            wait = self.config.interval.total_seconds()
-            _log_failure(exc, wait)
-            await self._sleep(wait, wait)
 
     # -- delivering ------------------------------------------------------------
 
@@ -467,10 +461,3 @@ class Relay:
 
     def _store_now(self) -> dt.datetime | None:
         return self.clock() if self.clock is not None else None
-
-
-def _log_failure(exc: Exception, wait: float) -> None:
-    if isinstance(exc, StoreUnavailable):
-        log.warning("poll failed: %s; next try in %.1fs", exc, wait)
-    else:
-        log.exception("poll failed; next try in %.1fs", wait)

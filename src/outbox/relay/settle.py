@@ -70,6 +70,9 @@ class Held:
     """Its outcome is known (queued for writing, or written)."""
 
 
+Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str], tuple[Held, str])
+
+
 class Settler:
     """Writes outcomes for one relay; ``run()`` flushes whenever some are queued.
 
@@ -214,57 +217,64 @@ class Settler:
                 log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
 
     async def _retries(self, retries: list[tuple[Held, dt.timedelta, str]]) -> None:
-        done = await self._persist(
+        await self._fenced(
             "retry",
             retries,
-            lambda r: r[0],
             lambda items: self.store.retry_many(
                 [(h.message, delay, reason) for h, delay, reason in items], now=self.now()
             ),
+            self._retried,
         )
-        if done is None:
-            return
-        items, written = done
-        for h, delay, reason in items:
-            m = h.message
-            if m.id not in written:
-                self._lost(m, "retry")
-                continue
-            self.metrics.topic(m.topic).retried.inc()
-            log.warning(
-                "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
-                m.id,
-                m.topic,
-                m.attempts,
-                format_duration(delay),
-                reason,
-            )
 
     async def _buries(self, buries: list[tuple[Held, str]]) -> None:
-        done = await self._persist(
-            "bury",
+        await self._fenced(
+            "burial",
             buries,
-            lambda b: b[0],
             lambda items: self.store.bury_many(
                 [(h.message, reason) for h, reason in items], now=self.now()
             ),
+            self._buried,
         )
+
+    async def _fenced(
+        self,
+        what: str,
+        items: list[Outcome],
+        write: Callable[[list[Outcome]], Awaitable[set[uuid.UUID]]],
+        report: Callable[[Outcome], None],
+    ) -> None:
+        """Write fenced outcomes; report those written, count the rest as lost leases."""
+        done = await self._persist(what, items, lambda item: item[0], write)
         if done is None:
             return
-        items, written = done
-        for h, reason in items:
-            m = h.message
-            if m.id not in written:
-                self._lost(m, "burial")
-                continue
-            self.metrics.topic(m.topic).buried.inc()
-            log.error(
-                "message buried: message=%s topic=%s attempt=%d reason=%s",
-                m.id,
-                m.topic,
-                m.attempts,
-                reason,
-            )
+        for item in done[0]:
+            if item[0].message.id in done[1]:
+                report(item)
+            else:
+                self._lost(item[0].message, what)
+
+    def _retried(self, item: tuple[Held, dt.timedelta, str]) -> None:
+        m, delay, reason = item[0].message, item[1], item[2]
+        self.metrics.topic(m.topic).retried.inc()
+        log.warning(
+            "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
+            m.id,
+            m.topic,
+            m.attempts,
+            format_duration(delay),
+            reason,
+        )
+
+    def _buried(self, item: tuple[Held, str]) -> None:
+        m, reason = item[0].message, item[1]
+        self.metrics.topic(m.topic).buried.inc()
+        log.error(
+            "message buried: message=%s topic=%s attempt=%d reason=%s",
+            m.id,
+            m.topic,
+            m.attempts,
+            reason,
+        )
 
     async def _releases(self, releases: list[Held]) -> None:
         done = await self._persist(
