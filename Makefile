@@ -27,9 +27,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## bench: throughput figures (see BENCHMARKS.md)
+## bench: throughput and pipeline figures (see BENCHMARKS.md)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/pipeline.py
 
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)

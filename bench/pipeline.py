@@ -294,21 +294,10 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.database_url, args.messages)))
         return 0
-    url = args.database_url
-    server = None
-    with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
-        if not url:
-            sys.path.insert(0, str(REPO / "src"))
-            from outbox.embedded import EmbeddedPostgres
+    from server import postgres
 
-            os.chmod(tmp, 0o755)
-            server = EmbeddedPostgres(Path(tmp) / "pgdata", delete=True)
-            url = server.start()
-        try:
-            compare(url, args.baseline, args.messages, args.rounds)
-        finally:
-            if server is not None:
-                server.stop()
+    with postgres(args.database_url) as url:
+        compare(url, args.baseline, args.messages, args.rounds)
     return 0
 
 

@@ -18,10 +18,8 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,8 +29,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from outbox import Message, Relay, RelayConfig, new_message
-from outbox.embedded import EmbeddedPostgres
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from server import postgres
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -161,31 +159,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2_000)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
-        server = None
-        url = args.database_url
-        if not url:
-            os.chmod(tmp, 0o755)
-            server = EmbeddedPostgres(Path(tmp) / "pgdata", delete=True)
-            url = server.start()
-        try:
-            print(f"{args.messages} messages, no-op handler")
-            print(f"{'batch':>6} {'processes':>10} {'msg/s':>10}")
-            for batch in (10, 100):
-                rates = {}
-                for processes in (1, 2):
-                    rates[processes] = drain_rate(url, args.messages, batch, processes)
-                    print(f"{batch:>6} {processes:>10} {rates[processes]:>10,.0f}", flush=True)
-                print(f"{'':>6} {'2 / 1':>10} {rates[2] / rates[1]:>10.2f}")
-            bare, with_message = producer_cost(url, args.rounds)
-            print(
-                f"producer transaction: bare insert {bare * 1e6:.0f} us, "
-                f"with add {with_message * 1e6:.0f} us "
-                f"(+{(with_message - bare) * 1e6:.0f} us, {with_message / bare:.2f}x)"
-            )
-        finally:
-            if server is not None:
-                server.stop()
+    with postgres(args.database_url) as url:
+        print(f"{args.messages} messages, no-op handler")
+        print(f"{'batch':>6} {'processes':>10} {'msg/s':>10}")
+        for batch in (10, 100):
+            rates = {}
+            for processes in (1, 2):
+                rates[processes] = drain_rate(url, args.messages, batch, processes)
+                print(f"{batch:>6} {processes:>10} {rates[processes]:>10,.0f}", flush=True)
+            print(f"{'':>6} {'2 / 1':>10} {rates[2] / rates[1]:>10.2f}")
+        bare, with_message = producer_cost(url, args.rounds)
+        print(
+            f"producer transaction: bare insert {bare * 1e6:.0f} us, "
+            f"with add {with_message * 1e6:.0f} us "
+            f"(+{(with_message - bare) * 1e6:.0f} us, {with_message / bare:.2f}x)"
+        )
     return 0
 
 

@@ -1,0 +1,26 @@
+"""The PostgreSQL a benchmark runs against: the one named, or an embedded one for the run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def postgres(url: str | None) -> Iterator[str]:
+    """Yield ``url``, or start an embedded PostgreSQL (deleted afterwards) and yield its URL."""
+    if url:
+        yield url
+        return
+    from outbox.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
+        os.chmod(tmp, 0o755)  # as root, the server runs as its own user
+        server = EmbeddedPostgres(Path(tmp) / "pgdata", delete=True)
+        try:
+            yield server.start()
+        finally:
+            server.stop()
