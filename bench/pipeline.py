@@ -151,15 +151,16 @@ async def _worker(scenario: str, url: str, n: int) -> dict[str, Any]:
                     "ack_p50_ms": statistics.median(waits) if waits else None,
                     "ack_p99_ms": waits[int(len(waits) * 0.99)] if waits else None,
                 }
-            elif scenario in ("healthy-alone", "healthy-with-hanging"):
+            elif scenario.startswith("healthy-"):
                 rows = []
-                hanging = scenario == "healthy-with-hanging"
+                hanging = scenario != "healthy-alone"
                 for i in range(n):
                     rows.append((f"bench.healthy{i % 3}", {"n": i}))
                     if hanging and i % 20 == 0:
                         rows.append(("bench.stuck", {"n": i}))
                 prefill(rows)
-                if hanging and "max_in_flight" in TopicSettings.__dataclass_fields__:
+                capped = scenario == "healthy-with-hanging"
+                if capped and "max_in_flight" in TopicSettings.__dataclass_fields__:
                     await store.set_topic(TopicSettings("bench.stuck", max_in_flight=4), t0)
                 cfg = RelayConfig.model_validate(
                     {"batch": 100, "timeout": "2s", "lease": "10s", "interval": "10ms"}
@@ -281,6 +282,12 @@ def compare(url: str, baseline: str, n: int, rounds: int) -> None:
                 f" msg/s ({mixed / alone:.0%}): {name}",
                 flush=True,
             )
+        uncapped = run_system(systems["current"], "healthy-with-hanging-uncapped", url, healthy_n)
+        print(
+            f"healthy topics beside a hanging topic without maxInFlight: current "
+            f"{uncapped['msg_s']:,.0f} msg/s",
+            flush=True,
+        )
 
 
 def main() -> int:
