@@ -33,7 +33,7 @@ from outbox.message import Message
 from outbox.settings import RelayConfig
 from outbox.store import TopicSettings
 
-__all__ = ["THREADS", "Handler", "HandlerKind", "Route", "Router", "as_async"]
+__all__ = ["THREADS", "Handler", "HandlerKind", "Route", "Router", "Threads", "as_async"]
 
 log = logging.getLogger("outbox.routing")
 
@@ -50,10 +50,22 @@ AsyncHandler = Callable[[Message], Awaitable[None]]
 THREADS = 16
 """Most synchronous handlers running at once in one relay."""
 
-_limiter: anyio.CapacityLimiter | None = None
+
+class Threads:
+    """The worker threads of one relay's plain ``def`` handlers: at most ``THREADS``."""
+
+    def __init__(self, size: int = THREADS) -> None:
+        self.size = size
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:  # made in the event loop that uses it
+            self._limiter = anyio.CapacityLimiter(self.size)
+        return self._limiter
 
 
-def as_async(handler: Handler) -> AsyncHandler:
+def as_async(handler: Handler, threads: Threads | None = None) -> AsyncHandler:
     """``handler`` as an ``async`` callable: plain functions run in worker threads.
 
     A thread cannot be cancelled: at the timeout the relay stops waiting for it
@@ -61,14 +73,12 @@ def as_async(handler: Handler) -> AsyncHandler:
     """
     if _is_async(handler):
         return handler  # type: ignore[return-value]
+    pool = threads or Threads()
 
     @functools.wraps(handler)
     async def in_thread(m: Message) -> None:
-        global _limiter
-        if _limiter is None:
-            _limiter = anyio.CapacityLimiter(THREADS)
         result = await anyio.to_thread.run_sync(
-            handler, m, limiter=_limiter, abandon_on_cancel=True
+            handler, m, limiter=pool.limiter, abandon_on_cancel=True
         )
         if inspect.isawaitable(result):  # a lambda or partial returning a coroutine
             await result
@@ -113,7 +123,8 @@ class Router:
         kinds: Mapping[str, HandlerKind],
         config: RelayConfig,
     ) -> None:
-        self.handlers = {t: as_async(h) for t, h in handlers.items()}
+        self.threads = Threads()
+        self.handlers = {t: as_async(h, self.threads) for t, h in handlers.items()}
         self.kinds = dict(kinds)
         self.config = config
         self._built: dict[tuple[str, str], AsyncHandler] = {}
@@ -167,7 +178,7 @@ class Router:
         key = (name, json.dumps(t.config, sort_keys=True))
         if key not in self._built:
             try:
-                self._built[key] = as_async(kind(t.config))
+                self._built[key] = as_async(kind(t.config), self.threads)
             except (ValueError, TypeError) as exc:
                 self._complain(t.topic, key[1], f"handler {name!r} refused its config: {exc}")
                 return None
