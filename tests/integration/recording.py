@@ -19,9 +19,10 @@ from outbox import Message
 TOPIC = "test.record"
 DDL = """
 CREATE TABLE IF NOT EXISTS deliveries (
-    message_id uuid    NOT NULL,
-    pid        integer NOT NULL,
-    attempt    integer NOT NULL
+    seq        bigserial PRIMARY KEY,  -- insertion order (ctid order is not)
+    message_id uuid      NOT NULL,
+    pid        integer   NOT NULL,
+    attempt    integer   NOT NULL
 )
 """
 

@@ -85,7 +85,7 @@ def test_relays_killed_again_and_again_lose_nothing_and_repeat_only_their_slots(
         query(
             db,
             "SELECT DISTINCT ON (message_id) message_id, pid FROM deliveries"
-            " ORDER BY message_id, ctid",
+            " ORDER BY message_id, seq",
         )
     )
     uncrashed = {i for i in repeated if first_by[i] not in killed}

@@ -41,6 +41,7 @@ log = logging.getLogger("outbox.relay")
 REASON_MAX = 2000
 """Longest reason kept, in characters."""
 
+_FIRST_WAIT = 0.05
 _RETRY_CEILING = 1.0
 T = TypeVar("T")
 R = TypeVar("R")
@@ -311,11 +312,18 @@ class Settler:
         write: Callable[[list[T]], Awaitable[R]],
     ) -> tuple[list[T], R] | None:
         """``write(items)``, tried again while the store is unavailable and leases last."""
-        wait = 0.05
+        wait = _FIRST_WAIT
         while True:
             try:
                 return items, await write(items)
             except StoreUnavailable as exc:
+                if wait == _FIRST_WAIT:
+                    log.warning(
+                        "could not %s %d messages: %s; trying again until their leases end",
+                        what,
+                        len(items),
+                        exc,
+                    )
                 deadline = time.monotonic() + wait
                 alive = [i for i in items if held(i).lease_end > deadline]
                 if len(alive) < len(items):
