@@ -316,3 +316,75 @@ def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -
     assert {n for n in env if n.startswith("OUTBOX_")} <= known
     with pytest.raises(helm_python.HelmValuesError):
         render({"relay": {"concurrency": 0}})
+
+
+def _hook(doc: dict[str, Any]) -> tuple[set[str], int] | None:
+    notes = doc["metadata"].get("annotations") or {}
+    if "helm.sh/hook" not in notes:
+        return None
+    return set(notes["helm.sh/hook"].split(",")), int(notes.get("helm.sh/hook-weight", "0"))
+
+
+def _references(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of what a pod spec needs to exist before it can start."""
+    refs = {("ServiceAccount", pod.get("serviceAccountName", "default"))}
+    for volume in pod.get("volumes", []):
+        if "configMap" in volume:
+            refs.add(("ConfigMap", volume["configMap"]["name"]))
+        if "secret" in volume:
+            refs.add(("Secret", volume["secret"]["secretName"]))
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        for env in c.get("env", []):
+            source = env.get("valueFrom", {})
+            if "configMapKeyRef" in source:
+                refs.add(("ConfigMap", source["configMapKeyRef"]["name"]))
+            if "secretKeyRef" in source:
+                refs.add(("Secret", source["secretKeyRef"]["name"]))
+    return refs
+
+
+def test_hooks_use_only_what_exists_before_they_run(rendered: list[dict[str, Any]]) -> None:
+    ordinary = {(d["kind"], d["metadata"]["name"]) for d in rendered if _hook(d) is None}
+    hooks = {(d["kind"], d["metadata"]["name"]): _hook(d) for d in rendered if _hook(d)}
+    for doc in rendered:
+        found = _hook(doc)
+        if found is None or doc["kind"] not in ("Job", "Pod"):
+            continue
+        phases, weight = found
+        pod = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
+        for ref in _references(pod):
+            assert ref not in ordinary, f"{doc['metadata']['name']} needs {ref}, made after hooks"
+            if ref in hooks:
+                their_phases, their_weight = hooks[ref]  # type: ignore[misc]
+                assert phases <= their_phases, (ref, "not created in every phase of the hook")
+                assert their_weight < weight, (ref, "created after the hook that needs it")
+
+
+def test_one_relay_gets_no_disruption_budget_that_would_block_drains() -> None:
+    def budgets(values: dict[str, Any]) -> list[dict[str, Any]]:
+        return by_kind(documents(render(values)), "PodDisruptionBudget")
+
+    assert budgets({"relay": {"replicas": 1}}) == []
+    [budget] = budgets({"relay": {"replicas": 2}})
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budgets({"relay": {"replicas": 1, "autoscaling": {"enabled": True}}}) != []
+
+
+def test_extra_volumes_and_identity_reach_relays_migrations_and_controller() -> None:
+    mount = {"name": "ca", "mountPath": "/etc/outbox/ca", "readOnly": True}
+    volume = {"name": "ca", "secret": {"secretName": "smtp-ca"}}
+    identity = {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/outbox"}
+    extra = {"extraVolumes": [volume], "extraVolumeMounts": [mount]}
+    values = {
+        "relay": {**extra, "serviceAccount": {"annotations": identity}},
+        "controller": {**extra, "extraEnv": [{"name": "A", "value": "b"}]},
+    }
+    docs = documents(render(values))
+
+    for name, pod, c in containers(docs):
+        assert volume in pod["volumes"], name
+        assert mount in c["volumeMounts"], name
+    accounts = {d["metadata"]["name"]: d for d in by_kind(docs, "ServiceAccount")}
+    for suffix in ("relay", "migrate"):
+        notes = accounts[f"outbox-outbox-relay-{suffix}"]["metadata"]["annotations"]
+        assert notes["eks.amazonaws.com/role-arn"] == identity["eks.amazonaws.com/role-arn"]
