@@ -116,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
                 "OUTBOX_LEASE",
                 "OUTBOX_CONTROLLER_STATUS_INTERVAL",
                 "OUTBOX_CONTROLLER_PEERING",
+                "OUTBOX_CONTROLLER_PRIORITY",
             ),
         ),
         formatter_class=formatter,
@@ -488,6 +489,7 @@ def _controller(args: argparse.Namespace) -> int:
                 namespaces=[namespace],
                 clusterwide=args.all_namespaces,
                 peering=None if args.standalone else own.peering,
+                priority=own.priority,
                 health_port=own.health_port,
             )
 

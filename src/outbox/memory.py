@@ -58,6 +58,16 @@ class _Row:
         )
 
 
+def _gives_way(held: TopicSettings, claimant: TopicSettings) -> bool:
+    """Whether the entry ``held`` yields to the resource ``claimant`` (as topic_govern)."""
+    if held.source == claimant.source or not (held.source or "").startswith("kubernetes:"):
+        return True
+    never = dt.datetime.max.replace(tzinfo=dt.UTC)
+    mine = (claimant.owner_since or never, claimant.source or "")
+    theirs = (held.owner_since or never, held.source or "")
+    return mine < theirs
+
+
 class MemoryTx:
     """A transaction of a MemoryStore: messages wait here until it commits."""
 
@@ -323,6 +333,16 @@ class MemoryStore:
         self._topics[settings.topic] = dataclasses.replace(
             settings, config=dict(settings.config), updated_at=now or self.clock()
         )
+
+    async def govern_topic(
+        self, settings: TopicSettings, now: dt.datetime | None = None
+    ) -> str | None:
+        validate_topic(settings.topic)
+        held = self._topics.get(settings.topic)
+        if held is None or _gives_way(held, settings):
+            await self.set_topic(settings, now)
+            return settings.source
+        return held.source
 
     async def delete_topic(self, topic: str) -> bool:
         return self._topics.pop(topic, None) is not None

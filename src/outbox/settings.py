@@ -286,6 +286,15 @@ class ControllerSettings(BaseSettings):
         gt=dt.timedelta(0),
         description="How often each OutboxTopic's status (backlog, conditions) is refreshed.",
     )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=2**31 - 1,
+        description=(
+            "kopf peering priority; 0: a random one per process, so two replicas never tie "
+            "(a tie pauses both)."
+        ),
+    )
     peering: str = Field(
         default="outbox-relay",
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",

@@ -76,6 +76,8 @@ class TopicSettings:
     """At most this many deliveries of the topic in flight in one relay (None: no cap)."""
     source: str | None = None
     updated_at: dt.datetime | None = None
+    owner_since: dt.datetime | None = None
+    """Creation time of the OutboxTopic that governs the entry (None: not a resource)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -295,6 +297,18 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
 
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         """Create or replace one topic's registry entry."""
+        ...
+
+    async def govern_topic(
+        self, settings: TopicSettings, now: dt.datetime | None = None
+    ) -> str | None:
+        """Write an OutboxTopic's entry unless an older resource governs its topic.
+
+        ``settings.source`` names the resource and ``settings.owner_since`` is
+        its creation time; the oldest (then the lowest source) wins, decided
+        in one statement. Entries of ``outbox topics`` give way. Returns the
+        source that governs the topic afterwards.
+        """
         ...
 
     async def delete_topic(self, topic: str) -> bool:

@@ -31,7 +31,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "hpa": {"relay": {"autoscaling": {"enabled": True}}},
     "one relay": {"relay": {"replicas": 1, "podDisruptionBudget": {"enabled": False}}},
-    "three relays, two controllers": {"relay": {"replicas": 3}, "controller": {"replicas": 2}},
+    "three relays": {"relay": {"replicas": 3}},
     "existing secrets": {
         "database": {"existingSecret": "pg-url", "secretKey": "dsn"},
         "smtp": {"enabled": True, "host": "smtp.example.com", "existingSecret": "smtp-login"},
@@ -388,3 +388,27 @@ def test_extra_volumes_and_identity_reach_relays_migrations_and_controller() -> 
     for suffix in ("relay", "migrate"):
         notes = accounts[f"outbox-outbox-relay-{suffix}"]["metadata"]["annotations"]
         assert notes["eks.amazonaws.com/role-arn"] == identity["eks.amazonaws.com/role-arn"]
+
+
+def test_one_controller_at_a_time_with_a_release_scoped_peering() -> None:
+    def controller(values: dict[str, Any], name: str = "outbox", ns: str = "prod") -> Any:
+        docs = documents(render(values, name=name, namespace=ns))
+        [deploy] = [
+            d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-controller")
+        ]
+        env = {
+            e["name"]: e.get("value")
+            for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+        return deploy, env["OUTBOX_CONTROLLER_PEERING"], [p["metadata"]["name"] for p in peerings]
+
+    deploy, peering, objects = controller({})
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert objects == [peering] == ["prod-outbox-outbox-relay"]
+    wide = {"controller": {"watchAllNamespaces": True}}
+    assert controller(wide, "a", "ns1")[1] != controller(wide, "b", "ns1")[1]
+    assert controller(wide, "a", "ns1")[1] != controller(wide, "a", "ns2")[1]
+    with pytest.raises(helm_python.HelmValuesError):
+        render({"controller": {"replicas": 2}})

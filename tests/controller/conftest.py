@@ -61,7 +61,9 @@ class Cluster:
         base = f"/apis/outbox.dev/v1alpha1/namespaces/{NS}/outboxtopics"
         return f"{base}/{name}" if name else base
 
-    async def create(self, name: str, **spec: Any) -> None:
+    async def create(self, name: str, created: dt.datetime | None = None, **spec: Any) -> None:
+        """POST an OutboxTopic; ``created`` stands for the API server's creationTimestamp."""
+        stamp = (created or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "outbox.dev/v1alpha1",
             "kind": "OutboxTopic",
@@ -72,6 +74,7 @@ class Cluster:
                 "generation": 1,
                 # kopf guards some patches with a JSON-patch test of it.
                 "resourceVersion": "1",
+                "creationTimestamp": stamp,
             },
             "spec": spec,
         }

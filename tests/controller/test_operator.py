@@ -239,15 +239,24 @@ async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
     try:
         await relay.drain()  # the relay runs before the topics exist
         await cluster.create(
-            "orders-webhook", topic="orders.placed", handler="webhook", config={"url": url}
+            "orders-webhook",
+            topic="orders.placed",
+            handler="webhook",
+            webhook={"url": url, "headers": {"X-Team": "billing"}},
         )
         await cluster.create(
             "orders-nats",
             topic="orders.shipped",
             handler="nats",
-            config={"subject": "shipping.orders"},
+            nats={"subject": "shipping.orders"},
         )
         await eventually("both bindings", lambda: _count(cluster, 2))
+        topics = await cluster.store.topics()
+        assert dict(topics["orders.placed"].config) == {
+            "url": url,
+            "headers": {"X-Team": "billing"},
+        }
+        assert dict(topics["orders.shipped"].config) == {"subject": "shipping.orders"}
         async with cluster.store.begin() as tx:
             await cluster.store.add(
                 tx,
@@ -268,10 +277,15 @@ async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
 
 
 async def test_webhook_without_a_url_is_invalid(cluster: Cluster) -> None:
-    await cluster.create("hook", topic="orders.placed", handler="webhook", config={})
+    await cluster.create("hook", topic="orders.placed", handler="webhook", webhook={})
+    await cluster.create("legacy", topic="orders.shipped", handler="webhook", config={})
+    await cluster.create("mixed", topic="orders.held", handler="log", nats={"subject": "a"})
 
-    await eventually("Invalid", lambda: cluster.condition("hook", "Invalid") is not None)
-    assert "url" in (cluster.condition("hook", "Invalid") or {})["message"]
+    for name, words in (("hook", "url"), ("legacy", "url"), ("mixed", "spec.nats goes with")):
+        await eventually(
+            f"{name} Invalid", lambda n=name: cluster.condition(n, "Invalid") is not None
+        )
+        assert words in (cluster.condition(name, "Invalid") or {})["message"]
 
 
 async def _count(cluster: Cluster, n: int) -> bool:

@@ -9,6 +9,7 @@ exercised here.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,55 @@ def test_printer_columns_show_what_sres_look_for() -> None:
         "Buried",
         "Oldest",
         "Ready",
+        "Reason",
         "Age",
     ]
+    enabled = CRD["spec"]["versions"][0]["additionalPrinterColumns"][2]
+    assert enabled["jsonPath"] == ".status.enabled", "what relays apply, not the spec"
     assert CRD["spec"]["names"]["shortNames"] == ["obt"]
     assert CRD["spec"]["versions"][0]["subresources"] == {"status": {}}
+
+
+def _rules(node: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, str]]:
+    """(schema path, schema node, rule) of every x-kubernetes-validations rule."""
+    found = []
+    if isinstance(node, dict):
+        for rule in node.get("x-kubernetes-validations", []):
+            found.append((path, node, rule["rule"]))
+        for key, child in node.get("properties", {}).items():
+            found.extend(_rules(child, (*path, key)))
+    return found
+
+
+RAW_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_every_cel_rule_reads_only_declared_properties() -> None:
+    # The API server types only declared properties; a rule that reads any
+    # other field does not compile and the whole CRD is refused. No API server
+    # runs here, so this is checked statically.
+    rules = _rules(RAW_SCHEMA)
+    assert len(rules) >= 5
+    for path, node, rule in rules:
+        for chain in re.findall(r"\b(?:self|oldSelf)((?:\.[A-Za-z_]\w*)+)", rule):
+            here = node
+            for name in chain.strip(".").split("."):
+                declared = here.get("properties", {})
+                assert name in declared, f"{'.'.join(path)}: {rule!r} reads undeclared {name!r}"
+                here = declared[name]
+
+
+def test_the_topic_of_a_resource_cannot_change() -> None:
+    topic = RAW_SCHEMA["properties"]["spec"]["properties"]["topic"]
+
+    assert {"rule": "self == oldSelf", "message": ANY_TEXT} in [
+        {**r, "message": ANY_TEXT} for r in topic["x-kubernetes-validations"]
+    ]
+
+
+class _Any:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY_TEXT: Any = _Any()

@@ -92,3 +92,11 @@ app.kubernetes.io/component: {{ .component }}
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
+
+{{/*
+The kopf peering object of this release's controller: release-scoped, so two
+releases (even cluster-wide ones) never share one.
+*/}}
+{{- define "outbox-relay.peering" -}}
+{{- .Values.controller.peering | default (list .Release.Namespace (include "outbox-relay.fullname" .) | compact | join "-") | trunc 63 | trimSuffix "-" -}}
+{{- end }}

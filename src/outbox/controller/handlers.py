@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import secrets
 from typing import Any
 
 import kopf
+import psycopg
 
-from outbox.controller.reconcile import backlog, forget, reconcile, source_of
+from outbox.controller.reconcile import backlog, forget, reconcile, source_of, unavailable
+from outbox.errors import StoreUnavailable
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
@@ -65,27 +68,36 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     async def apply(
         body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, *, stats: bool
     ) -> None:
-        outcome = await reconcile(
-            store(),
-            dict(spec),
-            source=source_of(meta.namespace, meta.name or ""),
-            generation=meta.get("generation"),
-            now=config.clock(),
-            lease=config.lease,
-            builtin_topics=config.builtin_topics,
-            kinds=config.kinds,
-        )
-        status = dict(outcome.status)
-        if stats and outcome.ready:
-            status.update(await backlog(store(), status["topic"], config.clock()))
+        previous = dict(body.get("status") or {})
+        now = config.clock()
+        try:
+            outcome = await reconcile(
+                store(),
+                dict(spec),
+                source=source_of(meta.namespace, meta.name or ""),
+                generation=meta.get("generation"),
+                now=now,
+                lease=config.lease,
+                builtin_topics=config.builtin_topics,
+                kinds=config.kinds,
+                created=_created(meta),
+                previous=previous,
+            )
+            status = dict(outcome.status)
+            if stats and outcome.ready:
+                status.update(await backlog(store(), status["topic"], config.clock()))
+        except (StoreUnavailable, psycopg.Error) as exc:
+            outcome = unavailable(str(exc).removeprefix("outbox: "), now, previous)
+            status = dict(outcome.status)
         for key, value in status.items():
             patch.status[key] = value
         if outcome.event:
             log.info("%s/%s: %s", meta.namespace, meta.name, outcome.event)
             kopf.info(body, reason="Applied", message=outcome.event)
-        elif not outcome.ready:
-            message = status["conditions"][-1]["message"]
-            kopf.warn(body, reason=status["conditions"][-1]["reason"], message=message)
+        if outcome.warning:
+            reason = status["conditions"][-1]["reason"]
+            log.warning("%s/%s: %s", meta.namespace, meta.name, outcome.warning)
+            kopf.warn(body, reason=reason, message=outcome.warning)
 
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry, field="spec")
@@ -111,6 +123,13 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     return registry
 
 
+def _created(meta: kopf.Meta) -> dt.datetime | None:
+    stamp = meta.get("creationTimestamp")
+    if not stamp:
+        return None
+    return dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+
+
 def operator_settings(*, events: bool = True) -> kopf.OperatorSettings:
     """kopf settings: progress in our own annotations, events when asked for."""
     settings = kopf.OperatorSettings()
@@ -130,8 +149,16 @@ async def run(
     peering: str | None,
     health_port: int | None = None,
     stop_flag: Any = None,
+    priority: int = 0,
 ) -> None:
-    """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``)."""
+    """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``).
+
+    Peers sharing ``peering`` pause all but the highest priority; equal
+    priorities pause every one of them, so 0 picks a random one.
+    """
+    if peering is not None and priority == 0:
+        priority = 1 + secrets.randbelow(2**31 - 2)
+        log.info("peering %s with priority %d", peering, priority)
     await kopf.operator(
         registry=build_registry(config),
         settings=operator_settings(),
@@ -139,6 +166,7 @@ async def run(
         namespaces=[] if clusterwide else namespaces,
         standalone=peering is None,
         peering_name=peering,
+        priority=priority,
         stop_flag=stop_flag,
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
     )

@@ -2,9 +2,10 @@
 
 Reconciling is level-based: it compares the registry with the spec and writes
 what differs, so running it again (a watch replay, the status timer) is
-harmless. Two resources that name the same topic conflict; the one that holds
-the topic in the registry first (normally the older) wins, the other reports
-a Conflict condition until the holder is gone.
+harmless. Two resources that name the same topic conflict; the older one
+(creation time, then namespace/name) governs it, whatever order they are
+seen in, decided by the store in one statement; the other reports a Conflict
+condition until the holder is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from outbox.message import validate_topic
 from outbox.relay import HandlerKind
 from outbox.store import Store, TopicSettings
 
-__all__ = ["InvalidSpec", "Outcome", "backlog", "desired", "forget", "reconcile", "source_of"]
+__all__ = [
+    "InvalidSpec",
+    "Outcome",
+    "backlog",
+    "conditions",
+    "desired",
+    "forget",
+    "reconcile",
+    "source_of",
+    "unavailable",
+]
 
 SOURCE_PREFIX = "kubernetes:"
 
@@ -50,9 +61,7 @@ def desired(
     except ValueError as exc:
         raise InvalidSpec(f"spec.topic: {str(exc).removeprefix('outbox: ')}") from None
     handler = spec.get("handler")
-    config = spec.get("config") or {}
-    if not isinstance(config, dict):
-        raise InvalidSpec("spec.config must be an object")
+    config = _handler_config(spec, handler)
     if handler is None:
         if topic not in builtin_topics:
             raise InvalidSpec(
@@ -94,28 +103,86 @@ def desired(
     )
 
 
-class Outcome:
-    """What a reconcile did: the status to patch and, if it changed anything, an event."""
+_KIND_FIELDS = {"webhook": "webhook", "nats": "nats"}
 
-    def __init__(self, status: dict[str, Any], event: str | None, ready: bool) -> None:
+
+def _handler_config(spec: Mapping[str, Any], handler: str | None) -> dict[str, Any]:
+    """The registry config of ``spec``: spec.webhook or spec.nats in the relays' spelling.
+
+    spec.config (deprecated) is taken as it is, already in that spelling.
+    """
+    for kind, field in _KIND_FIELDS.items():
+        if spec.get(field) is not None and handler != kind:
+            raise InvalidSpec(f"spec.{field} goes with handler {kind}, not {handler or 'built-in'}")
+    legacy = spec.get("config") or {}
+    if not isinstance(legacy, dict):
+        raise InvalidSpec("spec.config must be an object")
+    typed = spec.get(_KIND_FIELDS.get(handler or "", ""))
+    if typed is None:
+        return legacy
+    if not isinstance(typed, dict):
+        raise InvalidSpec(f"spec.{handler} must be an object")
+    if handler == "webhook":
+        config: dict[str, Any] = {"url": typed.get("url")}
+        if typed.get("secretEnv"):
+            config["secret_env"] = typed["secretEnv"]
+        if typed.get("headers"):
+            config["headers"] = typed["headers"]
+        return config
+    return {"subject": typed.get("subject")}
+
+
+class Outcome:
+    """What a reconcile did: the status to patch, an event if it changed the registry,
+    and a warning if its problem is new (not one already reported)."""
+
+    def __init__(
+        self, status: dict[str, Any], event: str | None, ready: bool, warning: str | None = None
+    ) -> None:
         self.status = status
         self.event = event
         self.ready = ready
+        self.warning = warning
 
 
-def _condition(kind: str, reason: str, message: str, now: dt.datetime) -> list[dict[str, Any]]:
+def conditions(
+    kind: str,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    previous: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Ready (and, unless it is Ready, the problem's own condition) for ``kind``.
+
+    ``kind`` is Ready, Invalid, Conflict or Unknown (the state cannot be read).
+    A condition whose status is what it was keeps its lastTransitionTime.
+    """
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ready = {
-        "type": "Ready",
-        "status": "True" if kind == "Ready" else "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": stamp,
-    }
-    if kind == "Ready":
-        return [ready]
-    problem = {**ready, "type": kind, "status": "True"}
-    return [ready, problem]
+    status = {"Ready": "True", "Unknown": "Unknown"}.get(kind, "False")
+    made = [{"type": "Ready", "status": status, "reason": reason, "message": message}]
+    if kind not in ("Ready", "Unknown"):
+        made.append({"type": kind, "status": "True", "reason": reason, "message": message})
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+    for c in made:
+        old = before.get(c["type"]) or {}
+        same = old.get("status") == c["status"]
+        c["lastTransitionTime"] = old.get("lastTransitionTime", stamp) if same else stamp
+    return made
+
+
+def new_problem(status: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
+    """The message of ``status``'s problem when ``previous`` did not report the same one."""
+    [ready, *problem] = status["conditions"]
+    if not problem and ready["status"] != "Unknown":
+        return None
+    now = (ready["status"], ready["reason"], ready["message"])
+    old = next(
+        (c for c in (previous or {}).get("conditions") or [] if c.get("type") == "Ready"), None
+    )
+    if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == now:
+        return None
+    message: str = ready["message"]
+    return message
 
 
 def _describe(e: TopicSettings) -> str:
@@ -143,36 +210,61 @@ async def reconcile(
     lease: dt.timedelta,
     builtin_topics: frozenset[str],
     kinds: Mapping[str, HandlerKind],
+    created: dt.datetime | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> Outcome:
-    """Make the registry match ``spec``; return the status that says how it went."""
+    """Make the registry match ``spec``; return the status that says how it went.
+
+    ``created`` is the resource's creation time: of two resources for one topic
+    the older governs it (ties: the lower namespace/name), decided by the store
+    in one statement. ``previous`` is the status as it stands, so conditions
+    keep their transition times and a problem is reported once, not per tick.
+    """
     status: dict[str, Any] = {"observedGeneration": generation}
+    registry = await store.topics()
     try:
         entry = desired(spec, lease=lease, builtin_topics=builtin_topics, kinds=kinds)
     except InvalidSpec as exc:
-        status["conditions"] = _condition("Invalid", "InvalidSpec", str(exc), now)
-        return Outcome(status, None, ready=False)
-    entry = dataclasses.replace(entry, source=source)
-    status.update(topic=entry.topic, handler=entry.handler or "built-in", enabled=entry.enabled)
-    registry = await store.topics()
-    # A resource whose spec.topic changed leaves its old topic behind.
+        applied = registry.get(str(spec.get("topic")))
+        status["enabled"] = applied.enabled if applied else True
+        status["conditions"] = conditions("Invalid", "InvalidSpec", str(exc), now, previous)
+        return Outcome(status, None, ready=False, warning=new_problem(status, previous))
+    entry = dataclasses.replace(entry, source=source, owner_since=created)
+    status.update(topic=entry.topic, handler=entry.handler or "built-in")
+    # A resource whose spec.topic changed (before it was immutable) leaves its old topic.
     for old in registry.values():
         if old.source == source and old.topic != entry.topic:
             await store.delete_topic(old.topic)
     current = registry.get(entry.topic)
-    holder = current.source if current else None
-    if holder and holder.startswith(SOURCE_PREFIX) and holder != source:
+    holder = await store.govern_topic(entry, now)
+    if holder != source:
         message = (
             f"topic {entry.topic} is already governed by OutboxTopic "
-            f"{holder.removeprefix(SOURCE_PREFIX)}; the older resource wins"
+            f"{(holder or '?').removeprefix(SOURCE_PREFIX)}, which is older"
         )
-        status["conditions"] = _condition("Conflict", "Conflict", message, now)
-        return Outcome(status, None, ready=False)
+        status["enabled"] = current.enabled if current else True
+        status["conditions"] = conditions("Conflict", "Conflict", message, now, previous)
+        return Outcome(status, None, ready=False, warning=new_problem(status, previous))
+    status["enabled"] = entry.enabled
     event = None
     if current is None or not _same(current, entry):
-        await store.set_topic(entry, now)
         event = f"registry updated: {_describe(entry)}"
-    status["conditions"] = _condition("Ready", "Applied", _describe(entry), now)
+    status["conditions"] = conditions("Ready", "Applied", _describe(entry), now, previous)
     return Outcome(status, event, ready=True)
+
+
+def unavailable(reason: str, now: dt.datetime, previous: Mapping[str, Any] | None) -> Outcome:
+    """The status while the registry cannot be read: Ready Unknown, numbers left as they were."""
+    status = {
+        "conditions": conditions(
+            "Unknown",
+            "DatabaseUnavailable",
+            f"cannot read the topic registry: {reason}; pending, buried and relays are stale",
+            now,
+            previous,
+        )
+    }
+    return Outcome(status, None, ready=False, warning=new_problem(status, previous))
 
 
 async def forget(store: Store[Any], source: str) -> list[str]:

@@ -51,6 +51,7 @@ _TOPIC_STATS = QUERIES["topic_stats"]
 _TOPIC_LIST = QUERIES["topic_list"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
+_TOPIC_GOVERN = QUERIES["topic_govern"]
 _RELAY_REGISTER = QUERIES["relay_register"]
 _RELAY_UNREGISTER = QUERIES["relay_unregister"]
 _RELAY_LIST = QUERIES["relay_list"]
@@ -323,19 +324,14 @@ class PostgresStore:
         return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
 
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
-        validate_topic(settings.topic)
-        params = {
-            "topic": settings.topic,
-            "enabled": settings.enabled,
-            "handler": settings.handler,
-            "config": Jsonb(dict(settings.config)),
-            "max_attempts": settings.max_attempts,
-            "timeout": settings.timeout,
-            "max_in_flight": settings.max_in_flight,
-            "source": settings.source,
-            "now": now,
-        }
-        await self._count(_TOPIC_UPSERT, params)
+        await self._count(_TOPIC_UPSERT, _topic_params(settings, now))
+
+    async def govern_topic(
+        self, settings: TopicSettings, now: dt.datetime | None = None
+    ) -> str | None:
+        params = {**_topic_params(settings, now), "owner_since": settings.owner_since}
+        rows = await self._fetch(_TOPIC_GOVERN, params)
+        return rows[0][0] if rows else None
 
     async def delete_topic(self, topic: str) -> bool:
         return await self._count(_TOPIC_DELETE, {"topic": topic}) > 0
@@ -370,6 +366,21 @@ def _stored(r: Any) -> StoredMessage:
         requeues=r[9],
         requeued_at=r[10],
     )
+
+
+def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:
+    validate_topic(settings.topic)
+    return {
+        "topic": settings.topic,
+        "enabled": settings.enabled,
+        "handler": settings.handler,
+        "config": Jsonb(dict(settings.config)),
+        "max_attempts": settings.max_attempts,
+        "timeout": settings.timeout,
+        "max_in_flight": settings.max_in_flight,
+        "source": settings.source,
+        "now": now,
+    }
 
 
 def _target(message: Message | uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None]:

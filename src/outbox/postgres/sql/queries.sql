@@ -203,7 +203,8 @@ ORDER BY topic;
 
 -- topic_list --
 -- The whole topic registry.
-SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at
+SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
+       owner_since
 FROM outbox_topics
 ORDER BY topic;
 
@@ -221,7 +222,44 @@ SET enabled = excluded.enabled,
     timeout = excluded.timeout,
     max_in_flight = excluded.max_in_flight,
     source = excluded.source,
+    owner_since = NULL,
     updated_at = excluded.updated_at;
+
+-- topic_govern --
+-- Write an OutboxTopic's entry unless an older resource governs the topic;
+-- return who governs it afterwards. Ties go to the lower source (namespace/
+-- name); a resource without a creation time counts as the newest. Entries
+-- written by `outbox topics` give way to any resource. When
+-- two controllers race, the second waits for the first's row lock and
+-- re-checks the WHERE against what the first wrote, so the older still wins.
+WITH written AS (
+    INSERT INTO outbox_topics
+        (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source,
+         owner_since, updated_at)
+    VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
+            %(max_in_flight)s, %(source)s, %(owner_since)s,
+            coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (topic) DO UPDATE
+    SET enabled = excluded.enabled,
+        handler = excluded.handler,
+        config = excluded.config,
+        max_attempts = excluded.max_attempts,
+        timeout = excluded.timeout,
+        max_in_flight = excluded.max_in_flight,
+        source = excluded.source,
+        owner_since = excluded.owner_since,
+        updated_at = excluded.updated_at
+    WHERE outbox_topics.source IS NOT DISTINCT FROM excluded.source
+       OR outbox_topics.source IS NULL
+       OR outbox_topics.source NOT LIKE 'kubernetes:%%'
+       OR (coalesce(excluded.owner_since, 'infinity'), excluded.source)
+          < (coalesce(outbox_topics.owner_since, 'infinity'), outbox_topics.source)
+    RETURNING source
+)
+SELECT source FROM written
+UNION ALL
+SELECT source FROM outbox_topics
+WHERE topic = %(topic)s AND NOT EXISTS (SELECT 1 FROM written);
 
 -- topic_delete --
 -- Remove a topic's registry entry (it falls back to its built-in handler).
