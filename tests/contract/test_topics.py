@@ -189,3 +189,25 @@ async def test_timeout_at_or_above_the_lease_is_ignored(f: Fixture) -> None:
     await f.next_poll()
 
     assert f.relay.router.route("mail.login_link").timeout == f.relay.config.timeout
+
+
+async def test_the_oldest_resource_governs_a_topic_whatever_the_order(store: Store[Any]) -> None:
+    hour = dt.timedelta(hours=1)
+
+    def resource(name: str, created: dt.datetime | None, **fields: Any) -> TopicSettings:
+        return TopicSettings(
+            "orders.placed", source=f"kubernetes:ns/{name}", owner_since=created, **fields
+        )
+
+    newer = resource("newer", T0, handler="log")
+    older = resource("older", T0 - hour, handler="log", enabled=False)
+
+    assert await store.govern_topic(newer, T0) == "kubernetes:ns/newer"  # first come
+    assert await store.govern_topic(older, T0) == "kubernetes:ns/older"  # older wins
+    assert await store.govern_topic(newer, T0) == "kubernetes:ns/older"  # and keeps it
+    assert not (await store.topics())["orders.placed"].enabled
+    same_age = resource("aaa", T0 - hour)
+    assert await store.govern_topic(same_age, T0) == "kubernetes:ns/aaa"  # then by name
+    await store.set_topic(TopicSettings("orders.shipped", source="cli"), T0)
+    taker = dataclasses.replace(newer, topic="orders.shipped")
+    assert await store.govern_topic(taker, T0) == "kubernetes:ns/newer"  # cli entries yield

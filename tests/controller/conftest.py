@@ -8,6 +8,7 @@ import gc
 import threading
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -108,18 +109,36 @@ class Cluster:
         return None
 
 
-@pytest.fixture
-async def cluster(
-    k8s: kmock.KubernetesEmulator, pg_store: PostgresStore, pg_conninfo: str
-) -> AsyncIterator[Cluster]:
-    await migrate(pg_conninfo)
-    config = ControllerConfig(conninfo=pg_conninfo, lease=LEASE, status_interval=0.3)
+@asynccontextmanager
+async def operator(
+    k8s: kmock.KubernetesEmulator,
+    conninfo: str,
+    *,
+    peering: str | None = None,
+    priority: int = 0,
+    seen: list[str] | None = None,
+    name: str = "kopf",
+) -> AsyncIterator[None]:
+    """A real kopf operator over ``conninfo``, in a thread of its own, until the block ends.
+
+    With ``seen``, every reconcile it runs appends ``name`` (who acted).
+    """
+    config = ControllerConfig(conninfo=conninfo, lease=LEASE, status_interval=0.3)
     registry = build_registry(config)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=str(k8s.url))
 
+    if seen is not None:
+
+        @kopf.timer("outbox.dev", "v1alpha1", "outboxtopics", registry=registry, interval=0.2)
+        def acted(**_: Any) -> None:
+            seen.append(name)
+
+    settings = operator_settings(events=True)
+    settings.peering.interval = 1
+    settings.peering.lifetime = 5
     stop, ready = threading.Event(), threading.Event()
 
     def operate() -> None:
@@ -128,19 +147,21 @@ async def cluster(
         asyncio.run(
             kopf.operator(
                 registry=registry,
-                settings=operator_settings(events=True),
-                standalone=True,
+                settings=settings,
+                standalone=peering is None,
+                peering_name=peering,
+                priority=priority,
                 namespaces=[NS],
                 stop_flag=stop,
                 ready_flag=ready,
             )
         )
 
-    thread = threading.Thread(target=operate, name="kopf", daemon=True)
+    thread = threading.Thread(target=operate, name=name, daemon=True)
     thread.start()
     assert await anyio.to_thread.run_sync(ready.wait, 15), "the operator did not start"
     try:
-        yield Cluster(k8s, pg_store)
+        yield
     finally:
         stop.set()
         await anyio.to_thread.run_sync(thread.join, 30)
@@ -150,3 +171,12 @@ async def cluster(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
+
+
+@pytest.fixture
+async def cluster(
+    k8s: kmock.KubernetesEmulator, pg_store: PostgresStore, pg_conninfo: str
+) -> AsyncIterator[Cluster]:
+    await migrate(pg_conninfo)
+    async with operator(k8s, pg_conninfo):
+        yield Cluster(k8s, pg_store)

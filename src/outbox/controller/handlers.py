@@ -52,7 +52,9 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def open_pool(settings: kopf.OperatorSettings, **_: Any) -> None:
-        pool = connect_pool(config.conninfo, min_size=1, max_size=2)
+        # A short wait for a connection: during an outage each reconcile says
+        # so (Ready Unknown) within seconds instead of hanging for the default 30 s.
+        pool = connect_pool(config.conninfo, min_size=1, max_size=2, timeout=5)
         await pool.open(wait=True, timeout=30)
         config.store = PostgresStore(pool)
 
@@ -60,6 +62,9 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     async def close_pool(**_: Any) -> None:
         if config.store is not None:
             await config.store.pool.close()
+
+    warned: dict[str, tuple[str, str]] = {}
+    """The problem last reported as a Warning, by resource: one Warning per change."""
 
     def store() -> PostgresStore:
         assert config.store is not None, "the startup handler opens the pool"
@@ -87,17 +92,26 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
             if stats and outcome.ready:
                 status.update(await backlog(store(), status["topic"], config.clock()))
         except (StoreUnavailable, psycopg.Error) as exc:
-            outcome = unavailable(str(exc).removeprefix("outbox: "), now, previous)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            outcome = unavailable(reason.removeprefix("outbox: "), now, previous)
             status = dict(outcome.status)
         for key, value in status.items():
             patch.status[key] = value
         if outcome.event:
             log.info("%s/%s: %s", meta.namespace, meta.name, outcome.event)
             kopf.info(body, reason="Applied", message=outcome.event)
-        if outcome.warning:
-            reason = status["conditions"][-1]["reason"]
-            log.warning("%s/%s: %s", meta.namespace, meta.name, outcome.warning)
-            kopf.warn(body, reason=reason, message=outcome.warning)
+        key = source_of(meta.namespace, meta.name or "")
+        if outcome.ready:
+            warned.pop(key, None)
+        elif outcome.warning or key not in warned:
+            # The status kopf hands a handler can predate the last patch (a
+            # timer racing an update): what was warned is remembered here too.
+            ready = status["conditions"][0]
+            problem = (ready["reason"], ready["message"])
+            if warned.get(key) != problem:
+                warned[key] = problem
+                log.warning("%s/%s: %s", meta.namespace, meta.name, problem[1])
+                kopf.warn(body, reason=problem[0], message=problem[1])
 
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry, field="spec")

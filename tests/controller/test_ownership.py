@@ -1,0 +1,149 @@
+"""Who governs a topic, what status says over time, and how many controllers act."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import anyio
+import kmock
+
+from outbox.embedded import EmbeddedPostgres
+from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.user.mail import LOGIN_LINK
+from tests.controller.conftest import NS, RES, Cluster, eventually, operator
+
+
+async def test_back_to_back_creations_the_older_resource_wins(cluster: Cluster) -> None:
+    now = dt.datetime.now(dt.UTC)
+    # The newer resource reaches the controller first.
+    await cluster.create("newer", created=now, topic="orders.placed", handler="log")
+    await cluster.create(
+        "older", created=now - dt.timedelta(hours=1), topic="orders.placed", handler="log"
+    )
+
+    await eventually(
+        "a Conflict for the newer", lambda: cluster.condition("newer", "Conflict") is not None
+    )
+    await eventually(
+        "the older Ready", lambda: (cluster.condition("older") or {}).get("status") == "True"
+    )
+    entry = (await cluster.store.topics())["orders.placed"]
+    assert entry.source == "kubernetes:ns1/older"
+    assert (
+        "governed by OutboxTopic ns1/older"
+        in (cluster.condition("newer", "Conflict") or {})["message"]
+    )
+
+
+async def test_transition_times_hold_between_ticks_and_a_problem_warns_once(
+    cluster: Cluster,
+) -> None:
+    await cluster.create("slow", topic=LOGIN_LINK, timeout="5m", enabled=False)
+    await eventually("Invalid", lambda: cluster.condition("slow", "Invalid") is not None)
+    first = cluster.condition("slow")
+
+    seen = await _ticks(cluster, "slow", 4)
+
+    assert (cluster.condition("slow") or {})["lastTransitionTime"] == (first or {})[
+        "lastTransitionTime"
+    ]
+    warnings = [
+        r for r in cluster.k8s if r.url.path.endswith("/events") and "Warning" in str(r.data)
+    ]
+    assert len(warnings) == 1, f"{len(warnings)} Warnings over {seen} status ticks"
+    status = cluster.obj("slow")["status"]
+    assert status["enabled"] is True, "no entry was applied: relays deliver with the defaults"
+
+    await cluster.edit("slow", timeout="10s")
+    await eventually("Ready", lambda: (cluster.condition("slow") or {}).get("status") == "True")
+    assert (cluster.condition("slow") or {})["lastTransitionTime"] >= (first or {})[
+        "lastTransitionTime"
+    ]
+    assert cluster.obj("slow")["status"]["enabled"] is False
+
+
+async def _ticks(cluster: Cluster, name: str, n: int) -> int:
+    """Wait until the status timer has patched ``name`` ``n`` more times."""
+
+    def patches() -> int:
+        return len(
+            [
+                r
+                for r in cluster.k8s
+                if r.method == "PATCH" and r.url.path.endswith(f"/{name}/status")
+            ]
+        )
+
+    start = patches()
+    await eventually(f"{n} status ticks", lambda: patches() >= start + n)
+    return patches() - start
+
+
+async def test_a_database_outage_makes_ready_unknown_and_it_recovers(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    await anyio.to_thread.run_sync(tmp_path.chmod, 0o755)  # the server runs as its own user
+    server = EmbeddedPostgres(tmp_path / "pgdata")
+    url = server.start()
+    try:
+        await migrate(url)
+        async with connect_pool(url, max_size=2) as pool, operator(k8s, url):
+            cluster = Cluster(k8s, PostgresStore(pool))
+            await cluster.create("orders", topic="orders.placed", handler="log")
+            await eventually(
+                "Ready", lambda: (cluster.condition("orders") or {}).get("status") == "True"
+            )
+
+            server.stop()
+            await eventually(
+                "Ready Unknown",
+                lambda: (cluster.condition("orders") or {}).get("status") == "Unknown",
+                within=30,
+            )
+            ready = cluster.condition("orders") or {}
+            assert ready["reason"] == "DatabaseUnavailable"
+            assert "cannot read the topic registry" in ready["message"]
+
+            assert server.start() == url
+            await eventually(
+                "Ready again",
+                lambda: (cluster.condition("orders") or {}).get("status") == "True",
+                within=30,
+            )
+    finally:
+        server.stop()
+
+
+async def test_of_two_peered_operators_exactly_one_acts(
+    k8s: kmock.KubernetesEmulator, pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    peerings = kmock.resource("kopf.dev", "v1", "kopfpeerings")
+    k8s.resources[peerings] = kmock.ResourceInfo(
+        kind="KopfPeering",
+        namespaced=True,
+        verbs={"get", "list", "watch", "patch", "create"},
+    )
+    await k8s.post(
+        f"/apis/kopf.dev/v1/namespaces/{NS}/kopfpeerings",
+        json={
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering",
+            "metadata": {"name": "release", "namespace": NS},
+        },
+    )
+    await migrate(pg_conninfo)
+    cluster = Cluster(k8s, pg_store)
+    seen: list[str] = []
+    async with operator(k8s, pg_conninfo, peering="release", priority=100, seen=seen, name="hi"):
+        async with operator(k8s, pg_conninfo, peering="release", priority=10, seen=seen, name="lo"):
+            await cluster.create("orders", topic="orders.placed", handler="log")
+            await eventually("the high one to act", lambda: seen.count("hi") >= 5, within=20)
+            assert "lo" not in seen[-3:]
+            marker = len(seen)
+            await eventually("more ticks", lambda: len(seen) >= marker + 5)
+            assert set(seen[marker:]) == {"hi"}, "both operators acted at once"
+        del seen[:]
+        await eventually("the high one alone", lambda: len(seen) >= 3)
+        assert set(seen) == {"hi"}
+    assert (RES, NS, "orders") in k8s.objects
