@@ -281,14 +281,16 @@ async def topics_set(
     *,
     lease: dt.timedelta,
     out: TextIO = sys.stdout,
+    force: bool = False,
     **changes: Any,
 ) -> TopicSettings:
     """Change the fields given in ``changes`` of a topic's entry (made if missing).
 
     ``DEFAULT`` as a value clears an override. A timeout must stay below the
-    relays' lease.
+    relays' lease. An entry an OutboxTopic governs is refused unless ``force``.
     """
     current = (await store.topics()).get(topic) or TopicSettings(topic)
+    governed(current, force=force)
     fields: dict[str, Any] = {
         k: (None if v is DEFAULT else v) for k, v in changes.items() if v is not None
     }
@@ -361,6 +363,25 @@ async def relays_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
             "\nserved by some relays only (a rolling deploy, or relays configured "
             f"differently): {', '.join(partial)}\n"
         )
+
+
+def governed(entry: TopicSettings | None, *, force: bool) -> None:
+    """Refuse to change an entry an OutboxTopic governs, unless ``force``.
+
+    The controller writes its resource's spec back at its next reconcile, so
+    a change here would be reverted within its status interval, silently.
+    """
+    source = entry.source if entry else None
+    if force or not source or not source.startswith("kubernetes:"):
+        return
+    resource = source.removeprefix("kubernetes:")
+    namespace, _, name = resource.partition("/")
+    raise ConfigError(
+        "--force",
+        f"{entry.topic if entry else '?'} is governed by OutboxTopic {resource}: change it with "
+        f"`kubectl -n {namespace} edit outboxtopic {name}` (with --force this change is "
+        "written, and the controller puts the resource's spec back at its next reconcile)",
+    )
 
 
 DEFAULT: Any = object()

@@ -238,6 +238,14 @@ def _buried_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     _embedded_flag(purge)
 
 
+def _force_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="change an entry an OutboxTopic governs (the controller will put it back)",
+    )
+
+
 def _embedded_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--embedded",
@@ -311,6 +319,7 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     state.add_argument("--paused", dest="enabled", action="store_const", const=False)
     tune.set_defaults(func=_topics_set)
     _embedded_flag(tune)
+    _force_flag(tune)
 
     for name, enabled in (("pause", False), ("resume", True)):
         act = actions.add_parser(name, help=f"{name} delivery of a topic")
@@ -318,6 +327,7 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
         act.set_defaults(func=_topics_set, enabled=enabled, handler=None, config=None)
         act.set_defaults(max_attempts=None, timeout=None, max_in_flight=None)
         _embedded_flag(act)
+        _force_flag(act)
 
     delete = actions.add_parser(
         "delete", help="remove a topic's entry: back to its built-in handler (not a pause)"
@@ -325,6 +335,7 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
     delete.add_argument("topic", type=_topic)
     delete.set_defaults(func=_topics_delete)
     _embedded_flag(delete)
+    _force_flag(delete)
 
 
 def _relays(args: argparse.Namespace) -> int:
@@ -349,6 +360,7 @@ def _topics_set(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             timeout=args.timeout,
             max_in_flight=args.max_in_flight,
+            force=args.force,
         ),
         args,
     )
@@ -356,6 +368,7 @@ def _topics_set(args: argparse.Namespace) -> int:
 
 def _topics_delete(args: argparse.Namespace) -> int:
     async def delete(store: PostgresStore) -> None:
+        admin.governed((await store.topics()).get(args.topic), force=args.force)
         found = await store.delete_topic(args.topic)
         print(f"{args.topic}: entry deleted" if found else f"{args.topic}: had no entry")
 

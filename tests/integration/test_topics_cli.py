@@ -76,3 +76,29 @@ def test_bad_topic_settings_are_one_line_exit_2(
     assert len(err.strip().splitlines()) == 1, err
     assert complaint in err
     assert "orders.placed" not in listed(db)
+
+
+def test_an_entry_an_outboxtopic_governs_is_refused_unless_forced(db: str) -> None:
+    async def govern() -> None:
+        from outbox.postgres import PostgresStore, connect_pool
+        from outbox.store import TopicSettings
+
+        async with connect_pool(db, max_size=1) as pool:
+            entry = TopicSettings("orders.placed", handler="log", source="kubernetes:shop/orders")
+            await PostgresStore(pool).govern_topic(entry)
+
+    anyio.run(govern)
+
+    for args in (("pause", "orders.placed"), ("delete", "orders.placed")):
+        code, _out, err = topics(db, *args)
+        assert code == 2
+        assert err.strip().splitlines() == [
+            f"outbox topics {args[0]}: --force: orders.placed is governed by OutboxTopic "
+            "shop/orders: change it with `kubectl -n shop edit outboxtopic orders` (with --force "
+            "this change is written, and the controller puts the resource's spec back at its "
+            "next reconcile)"
+        ]
+    assert listed(db)["orders.placed"]["enabled"] is True
+
+    assert topics(db, "pause", "orders.placed", "--force")[0] == 0
+    assert listed(db)["orders.placed"]["enabled"] is False
