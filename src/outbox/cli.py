@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings
 from outbox import admin, logs
 from outbox.durations import parse_duration
 from outbox.errors import ConfigError, NotFound, OutboxError
-from outbox.handlers import log_handler
+from outbox.handlers import HandlerKinds, log_handler
 from outbox.message import validate_topic
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Handler, system_clock
@@ -34,6 +34,7 @@ from outbox.settings import (
     RelayConfig,
     ServiceSettings,
     SmtpSettings,
+    WebhookSettings,
     config_error,
     load,
     variables,
@@ -84,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
             "finish within OUTBOX_TIMEOUT and unfinished messages are handed back.",
             78,
         ),
-        epilog=_settings_help(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings),
+        epilog=_settings_help(
+            ServiceSettings, RelayConfig, SmtpSettings, NatsSettings, WebhookSettings
+        ),
         formatter_class=formatter,
     )
     relay.set_defaults(func=_relay)
@@ -495,7 +498,10 @@ def _controller(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with database(settings) as url:
             config = ControllerConfig(
-                conninfo=url, lease=lease, status_interval=own.status_interval.total_seconds()
+                conninfo=url,
+                lease=lease,
+                status_interval=own.status_interval.total_seconds(),
+                kinds=HandlerKinds(webhook=load(WebhookSettings)).mapping,
             )
             await run(
                 config,
@@ -517,7 +523,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
-    rows = variables(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings, ControllerSettings)
+    rows = variables(
+        ServiceSettings,
+        RelayConfig,
+        SmtpSettings,
+        NatsSettings,
+        WebhookSettings,
+        ControllerSettings,
+    )
     if args.markdown:
         print("| variable | default | meaning |\n| --- | --- | --- |")
         for name, default, description in rows:

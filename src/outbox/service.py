@@ -27,7 +27,7 @@ from outbox.http import ProbeServer
 from outbox.logs import redact
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
-from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, load
+from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, WebhookSettings, load
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
 
@@ -127,7 +127,7 @@ async def _serve(
 ) -> None:
     async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
         store = PostgresStore(pool)
-        kinds = HandlerKinds(nats=load(NatsSettings))
+        kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))
         relay = Relay(store, handlers, config, kinds=kinds.mapping)
         shutdown.relay = relay
 

@@ -34,6 +34,7 @@ __all__ = [
     "RelayConfig",
     "ServiceSettings",
     "SmtpSettings",
+    "WebhookSettings",
     "config_error",
     "load",
     "variables",
@@ -326,3 +327,22 @@ class NatsSettings(BaseSettings):
 
     def servers(self) -> list[str]:
         return [u.strip() for u in self.url.split(",") if u.strip()]
+
+
+class WebhookSettings(BaseSettings):
+    """Where webhook topics may send (prefix OUTBOX_WEBHOOK_); relays and controller read it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=f"{ENV_PREFIX}WEBHOOK_", extra="ignore", frozen=True
+    )
+
+    allow: str = Field(
+        default="",
+        description=(
+            "Comma-separated URL prefixes webhook topics may POST to (like "
+            "https://billing.internal/); empty: any URL."
+        ),
+    )
+
+    def prefixes(self) -> list[str]:
+        return [p.strip() for p in self.allow.split(",") if p.strip()]

@@ -118,12 +118,15 @@ async def operator(
     priority: int = 0,
     seen: list[str] | None = None,
     name: str = "kopf",
+    kinds: dict[str, Any] | None = None,
 ) -> AsyncIterator[None]:
     """A real kopf operator over ``conninfo``, in a thread of its own, until the block ends.
 
     With ``seen``, every reconcile it runs appends ``name`` (who acted).
     """
     config = ControllerConfig(conninfo=conninfo, lease=LEASE, status_interval=0.3)
+    if kinds is not None:
+        config.kinds = kinds
     registry = build_registry(config)
 
     @kopf.on.login(registry=registry)

@@ -9,7 +9,9 @@ import anyio
 import kmock
 
 from outbox.embedded import EmbeddedPostgres
+from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.settings import WebhookSettings
 from outbox.user.mail import LOGIN_LINK
 from tests.controller.conftest import NS, RES, Cluster, eventually, operator
 
@@ -147,3 +149,24 @@ async def test_of_two_peered_operators_exactly_one_acts(
         await eventually("the high one alone", lambda: len(seen) >= 3)
         assert set(seen) == {"hi"}
     assert (RES, NS, "orders") in k8s.objects
+
+
+async def test_a_webhook_outside_the_allowlist_is_invalid(
+    k8s: kmock.KubernetesEmulator, pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    await migrate(pg_conninfo)
+    kinds = HandlerKinds(webhook=WebhookSettings(allow="https://billing.internal/")).mapping
+    async with operator(k8s, pg_conninfo, kinds=kinds):
+        cluster = Cluster(k8s, pg_store)
+        await cluster.create(
+            "steal",
+            topic=LOGIN_LINK,
+            handler="webhook",
+            webhook={"url": "https://attacker.example/collect"},
+        )
+        await eventually("Invalid", lambda: cluster.condition("steal", "Invalid") is not None)
+
+    assert (
+        "not under OUTBOX_WEBHOOK_ALLOW" in (cluster.condition("steal", "Invalid") or {})["message"]
+    )
+    assert await pg_store.topics() == {}

@@ -17,6 +17,7 @@ from aiohttp import web
 from outbox import NotFound, Store, backoff
 from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
+from outbox.settings import WebhookSettings
 from outbox.store import TopicSettings
 from tests.integration.kinds import T0, TOPIC, KindRelay
 
@@ -214,3 +215,11 @@ async def test_redelivery_after_a_lost_ack_carries_the_same_key(
 def test_bad_config_is_refused_with_the_field(config: dict[str, Any], complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
         HandlerKinds().mapping["webhook"](config)
+
+
+def test_an_allowlist_refuses_urls_outside_it() -> None:
+    kinds = HandlerKinds(webhook=WebhookSettings(allow="https://billing.internal/, https://crm/"))
+
+    kinds.mapping["webhook"]({"url": "https://billing.internal/hooks/orders"})
+    with pytest.raises(ValueError, match="not under OUTBOX_WEBHOOK_ALLOW"):
+        kinds.mapping["webhook"]({"url": "https://attacker.example/collect"})

@@ -86,6 +86,10 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.relay.lease | quote }}
 - name: OUTBOX_TIMEOUT
   value: {{ .Values.relay.timeout | quote }}
+{{- with .Values.webhook.allow }}
+- name: OUTBOX_WEBHOOK_ALLOW
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "outbox-relay.podSecurity" -}}

@@ -16,7 +16,7 @@ from outbox.handlers.webhook import WebhookKind
 from outbox.message import Message
 from outbox.relay import Clock, system_clock
 from outbox.relay.routing import Handler, HandlerKind
-from outbox.settings import NatsSettings
+from outbox.settings import NatsSettings, WebhookSettings
 
 __all__ = ["HandlerKinds", "log_handler"]
 
@@ -43,8 +43,15 @@ def _log_kind(config: Mapping[str, Any]) -> Handler:
 class HandlerKinds:
     """The kinds of one relay (or controller), with the connections they share."""
 
-    def __init__(self, *, clock: Clock = system_clock, nats: NatsSettings | None = None) -> None:
-        self.webhook = WebhookKind(clock)
+    def __init__(
+        self,
+        *,
+        clock: Clock = system_clock,
+        nats: NatsSettings | None = None,
+        webhook: WebhookSettings | None = None,
+    ) -> None:
+        allowed = webhook.prefixes() if webhook else []
+        self.webhook = WebhookKind(clock, allowed)
         self.nats = NatsKind(nats or NatsSettings.model_validate({}))
         self.mapping: dict[str, HandlerKind] = {
             "log": _log_kind,

@@ -17,7 +17,7 @@ import email.utils
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -68,8 +68,10 @@ def _retry_after(value: str | None, now: dt.datetime) -> dt.timedelta | None:
 class WebhookKind:
     """Builds webhook handlers; owns the shared HTTP session (close with aclose())."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, allow: Sequence[str] = ()) -> None:
         self.clock = clock
+        self.allow = tuple(allow)
+        """URL prefixes a topic may send to (OUTBOX_WEBHOOK_ALLOW); empty: any."""
         self._session: aiohttp.ClientSession | None = None
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
@@ -78,6 +80,10 @@ class WebhookKind:
             if name.lower() in ("authorization", "cookie") or "\n" in name:
                 raise ValueError(f"headers: {name} must not be set from config (no secrets)")
         url = str(cfg.url)
+        if self.allow and not any(url.startswith(prefix) for prefix in self.allow):
+            raise ValueError(
+                f"url {url} is not under OUTBOX_WEBHOOK_ALLOW ({', '.join(self.allow)})"
+            )
 
         async def deliver(m: Message) -> None:
             headers = {
