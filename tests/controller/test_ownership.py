@@ -165,8 +165,30 @@ async def test_a_webhook_outside_the_allowlist_is_invalid(
             webhook={"url": "https://attacker.example/collect"},
         )
         await eventually("Invalid", lambda: cluster.condition("steal", "Invalid") is not None)
+        invalid = cluster.condition("steal", "Invalid") or {}
 
-    assert (
-        "not under OUTBOX_WEBHOOK_ALLOW" in (cluster.condition("steal", "Invalid") or {})["message"]
-    )
+    assert "not under OUTBOX_WEBHOOK_ALLOW" in invalid["message"]
     assert await pg_store.topics() == {}
+
+
+async def test_deleting_without_a_controller_leaves_nothing_stuck_and_the_entry_is_pruned(
+    k8s: kmock.KubernetesEmulator, pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    await migrate(pg_conninfo)
+    cluster = Cluster(k8s, pg_store)
+    async with operator(k8s, pg_conninfo):
+        await cluster.create("orders", topic="orders.placed", handler="log", enabled=False)
+        await cluster.create("other", topic="orders.shipped", handler="log")
+        await eventually("both entries", lambda: _entries(pg_store, 2))
+    assert not cluster.obj("orders")["metadata"].get("finalizers"), "no finalizer to wait on"
+
+    await cluster.delete("orders")  # helm uninstall: the controller is gone already
+    assert cluster.gone("orders"), "stuck Terminating"
+
+    async with operator(k8s, pg_conninfo):
+        await eventually("the orphan entry pruned", lambda: _entries(pg_store, 1))
+    assert set(await pg_store.topics()) == {"orders.shipped"}
+
+
+async def _entries(store: PostgresStore, n: int) -> bool:
+    return len(await store.topics()) == n

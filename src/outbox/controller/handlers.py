@@ -15,7 +15,14 @@ from typing import Any
 import kopf
 import psycopg
 
-from outbox.controller.reconcile import backlog, forget, reconcile, source_of, unavailable
+from outbox.controller.reconcile import (
+    backlog,
+    forget,
+    prune,
+    reconcile,
+    source_of,
+    unavailable,
+)
 from outbox.errors import StoreUnavailable
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool
@@ -43,6 +50,8 @@ class ControllerConfig:
     )
     builtin_topics: frozenset[str] = BUILTIN_TOPICS
     store: PostgresStore | None = None
+    namespaces: list[str] | None = None
+    """The namespaces watched (None: every one): only their entries are pruned."""
 
 
 def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
@@ -61,7 +70,9 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     @kopf.on.cleanup(registry=registry)
     async def close_pool(**_: Any) -> None:
         if config.store is not None:
-            await config.store.pool.close()
+            closing = config.store
+            config.store = None  # ticks racing the shutdown skip, rather than report an outage
+            await closing.pool.close()
 
     warned: dict[str, tuple[str, str]] = {}
     """The problem last reported as a Warning, by resource: one Warning per change."""
@@ -73,6 +84,8 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     async def apply(
         body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, *, stats: bool
     ) -> None:
+        if config.store is None:
+            return  # shutting down
         previous = dict(body.get("status") or {})
         now = config.clock()
         try:
@@ -121,20 +134,63 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
     ) -> None:
         await apply(body, spec, meta, patch, stats=True)
 
+    @kopf.index(*resource, registry=registry, id="governing")
+    def governing(namespace: str | None, name: str | None, **_: Any) -> dict[str, None]:
+        return {source_of(namespace, name or ""): None}
+
     @kopf.timer(*resource, registry=registry, interval=config.status_interval, initial_delay=1)
     async def refresh(
-        body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta, patch: kopf.Patch, **_: Any
+        body: kopf.Body,
+        spec: kopf.Spec,
+        meta: kopf.Meta,
+        patch: kopf.Patch,
+        **kwargs: Any,
     ) -> None:
         # Level-based: also takes over a topic whose former holder was deleted.
         await apply(body, spec, meta, patch, stats=True)
+        # kopf fills indexes before any handler runs, so this is every resource.
+        if config.store is None:
+            return
+        try:
+            existing: kopf.Index[str, None] = kwargs["governing"]
+            gone = await prune(store(), set(existing), namespaces=config.namespaces)
+        except (StoreUnavailable, psycopg.Error):
+            return  # apply() has said so in the status
+        if gone:
+            log.info("removed registry entries of deleted OutboxTopics: %s", gone)
 
-    @kopf.on.delete(*resource, registry=registry)
+    # No finalizer (optional): deleting an OutboxTopic never waits for this
+    # controller, so `helm uninstall` (which removes the controller too) leaves
+    # nothing stuck Terminating. Deleted while no controller ran, a resource's
+    # entry is pruned by the next status tick of any other resource.
+    @kopf.on.delete(*resource, registry=registry, optional=True)
     async def deleted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+        if config.store is None:
+            return  # shutting down: the next controller prunes the entry
         gone = await forget(store(), source_of(meta.namespace, meta.name or ""))
         if gone:
             log.info("%s/%s: removed registry entries %s", meta.namespace, meta.name, gone)
 
+    _without_finalizers(registry)
     return registry
+
+
+def _without_finalizers(registry: kopf.OperatorRegistry) -> None:
+    """Let the status timers run without a finalizer on each OutboxTopic.
+
+    kopf adds a finalizer to every resource that has a timer, so that it can
+    stop the timer before the resource goes; that would leave OutboxTopics
+    Terminating whenever no controller runs (`helm uninstall` removes the
+    controller with them). A timer needs no such guarantee here: kopf stops it
+    when the resource is deleted, and a tick that races the deletion only
+    rewrites a status nobody reads. kopf's public API has no switch for this,
+    so the registered handlers are copied with the flag off; the test of
+    deletion without a controller fails if kopf changes how it keeps them.
+    """
+    spawning = registry._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers
+    ]
 
 
 def _created(meta: kopf.Meta) -> dt.datetime | None:
@@ -170,6 +226,7 @@ async def run(
     Peers sharing ``peering`` pause all but the highest priority; equal
     priorities pause every one of them, so 0 picks a random one.
     """
+    config.namespaces = None if clusterwide else list(namespaces)
     if peering is not None and priority == 0:
         priority = 1 + secrets.randbelow(2**31 - 2)
         log.info("peering %s with priority %d", peering, priority)

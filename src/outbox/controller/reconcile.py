@@ -28,6 +28,7 @@ __all__ = [
     "conditions",
     "desired",
     "forget",
+    "prune",
     "reconcile",
     "source_of",
     "unavailable",
@@ -276,6 +277,27 @@ async def forget(store: Store[Any], source: str) -> list[str]:
     gone = [t.topic for t in (await store.topics()).values() if t.source == source]
     for topic in gone:
         await store.delete_topic(topic)
+    return gone
+
+
+async def prune(
+    store: Store[Any], existing: set[str], *, namespaces: list[str] | None
+) -> list[str]:
+    """Remove entries of OutboxTopics that no longer exist; return their topics.
+
+    ``existing`` are the sources of every resource the controller sees; only
+    entries of the watched ``namespaces`` (None: all) are considered, so one
+    release's controller never prunes another's.
+    """
+    gone = []
+    for t in (await store.topics()).values():
+        source = t.source or ""
+        if not source.startswith(SOURCE_PREFIX) or source in existing:
+            continue
+        namespace = source.removeprefix(SOURCE_PREFIX).partition("/")[0]
+        if namespaces is None or namespace in namespaces:
+            await store.delete_topic(t.topic)
+            gone.append(t.topic)
     return gone
 
 
