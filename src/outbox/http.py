@@ -1,18 +1,19 @@
-"""The relay's HTTP endpoints: /metrics, /healthz and /readyz.
+"""The relay's (and the controller's) HTTP endpoints: /metrics, /healthz and /readyz, on aiohttp.
 
-A few routes for probes and scrapes need no web framework: this is a minimal
-HTTP/1.1 server on anyio that answers GET and HEAD and closes each connection.
+A crowd of idle or slow connections must never take the process down: aiohttp
+keeps accept errors (out of file descriptors, say) inside the event loop's
+listener, which pauses and retries, and idle keep-alive connections are closed
+after a few seconds, so descriptors come back.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
+from aiohttp import web
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -20,8 +21,10 @@ __all__ = ["ProbeServer"]
 
 log = logging.getLogger("outbox.http")
 
-_MAX_HEAD = 8192
-_READ_TIMEOUT = 5.0
+# Idle keep-alive connections are closed after this long: probes and scrapes
+# reconnect cheaply, a crowd of idle clients gives its descriptors back.
+_KEEPALIVE = 5.0
+_READY_DEADLINE = 5.0
 
 
 class ProbeServer:
@@ -42,69 +45,48 @@ class ProbeServer:
         self.ready = ready
         self.registry = REGISTRY if registry is None else registry
 
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)  # HEAD too
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        return app
+
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen until cancelled; report the bound port through ``task_status``."""
-        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
-        async with listener:
-            port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        """Listen until cancelled; report the bound port through ``task_status``.
+
+        A port already in use raises OSError before ``task_status`` is reported.
+        """
+        runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=_KEEPALIVE
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, backlog=128)
+            await site.start()
+            port = int(runner.addresses[0][1])
             task_status.started(port)
-            await listener.serve(self._connection)
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await runner.cleanup()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            try:
-                with anyio.fail_after(_READ_TIMEOUT):
-                    head = await BufferedByteReceiveStream(stream).receive_until(
-                        b"\r\n\r\n", _MAX_HEAD
-                    )
-                method, path = _request_line(head)
-                status, ctype, body = await self._route(method, path)
-                await stream.send(_response(status, ctype, b"" if method == "HEAD" else body))
-            except (TimeoutError, anyio.IncompleteRead, anyio.DelimiterNotFound, ValueError):
-                await _try_send(stream, _response(400, "text/plain", b"bad request\n"))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
+    async def _metrics(self, request: web.Request) -> web.Response:
+        # The classic text format (0.0.4): every Prometheus 2.x scrapes it.
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
 
-    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"method not allowed\n"
-        path = path.split("?", 1)[0]
-        if path == "/metrics":
-            # The classic text format (0.0.4): every Prometheus 2.x scrapes it.
-            return 200, CONTENT_TYPE_PLAIN_0_0_4, generate_latest(self.registry)
-        if path == "/healthz":
-            if self.alive():
-                return 200, "text/plain", b"ok\n"
-            return 503, "text/plain", b"relay loop has not reported in time\n"
-        if path == "/readyz":
-            if await self.ready():
-                return 200, "text/plain", b"ok\n"
-            return 503, "text/plain", b"not ready\n"
-        return 404, "text/plain", b"not found\n"
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self.alive():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="relay loop has not reported in time\n")
 
-
-def _request_line(head: bytes) -> tuple[str, str]:
-    line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    method, path, version = line.split(" ")
-    if not version.startswith("HTTP/"):
-        raise ValueError(line)
-    return method, path
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-
-
-def _response(status: int, ctype: str, body: bytes) -> bytes:
-    reason = _REASONS.get(status, "Service Unavailable")
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
-
-
-async def _try_send(stream: anyio.abc.SocketStream, data: bytes) -> None:
-    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await stream.send(data)
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready = False
+        with anyio.move_on_after(_READY_DEADLINE):
+            ready = await self.ready()
+        if ready:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="not ready\n")
