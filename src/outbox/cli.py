@@ -120,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
                 "OUTBOX_CONTROLLER_STATUS_INTERVAL",
                 "OUTBOX_CONTROLLER_PEERING",
                 "OUTBOX_CONTROLLER_PRIORITY",
+                "OUTBOX_CONTROLLER_METRICS_PORT",
             ),
         ),
         formatter_class=formatter,
@@ -510,6 +511,7 @@ def _controller(args: argparse.Namespace) -> int:
                 peering=None if args.standalone else own.peering,
                 priority=own.priority,
                 health_port=own.health_port,
+                metrics_port=own.metrics_port,
             )
 
     anyio.run(main)

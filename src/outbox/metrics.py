@@ -56,6 +56,8 @@ class RelayMetrics:
     lease_lost: Counter
     clock_skew: Gauge
     in_flight: Gauge
+    database_up: Gauge
+    last_poll: Gauge
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
@@ -117,6 +119,16 @@ class RelayMetrics:
         self.in_flight = Gauge(
             "outbox_in_flight_messages",
             "Messages this relay has claimed and not yet settled.",
+            registry=registry,
+        )
+        self.database_up = Gauge(
+            "outbox_database_up",
+            "1 when this relay's last claim or housekeeping reached the database, else 0.",
+            registry=registry,
+        )
+        self.last_poll = Gauge(
+            "outbox_last_poll_timestamp_seconds",
+            "Unix time of this relay's last successful claim.",
             registry=registry,
         )
 

@@ -301,6 +301,9 @@ class ControllerSettings(BaseSettings):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="kopf peering object: of the replicas sharing it, only one acts.",
     )
+    metrics_port: int = Field(
+        default=9091, ge=1, le=65535, description="Port of the controller's /metrics."
+    )
     health_port: int = Field(
         default=8080, ge=1, le=65535, description="Port of the controller's /healthz."
     )

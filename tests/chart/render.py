@@ -19,7 +19,9 @@ CHART = ROOT / "chart" / "outbox-relay"
 K8S = ROOT / "k8s"
 
 PLAIN_RELEASE, PLAIN_NAMESPACE = "outbox-relay", "outbox"
-PLAIN_VALUES: dict[str, Any] = {"monitoring": {"prometheusRule": {"enabled": True}}}
+PLAIN_VALUES: dict[str, Any] = {
+    "monitoring": {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
+}
 
 # k8s/ file -> the chart templates it is made of.
 PLAIN_FILES = {
@@ -33,6 +35,7 @@ PLAIN_FILES = {
     ],
     "topics.yaml": ["outboxtopics.yaml"],
     "prometheusrule.yaml": ["prometheusrule.yaml"],
+    "dashboard.yaml": ["dashboard.yaml"],
 }
 HEADER = "# Generated from chart/outbox-relay by `make manifests`; edit the chart, not this file.\n"
 

@@ -4,7 +4,7 @@ scraping a real relay that buries a message, with Alertmanager paging a webhook.
 from __future__ import annotations
 
 import json
-import shutil
+import string
 import subprocess
 import threading
 import urllib.parse
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from outbox.postgres import migrate
-from tests.chart.render import CHART
+from tests.chart.render import documents, render
 from tests.integration import recording
 from tests.integration.process import RelayProcess, add_messages, free_port, wait_until
 from tests.tools import require
@@ -27,28 +27,68 @@ from tests.tools import require
 HERE = Path(__file__).parent
 
 
-def write_rules(folder: Path) -> Path:
+RELEASES = {
+    "default": ({}, "outbox", "prod"),
+    "nameOverride": ({"nameOverride": "mailer"}, "shop", "payments"),
+    "fullnameOverride": ({"fullnameOverride": "outbox"}, "outbox", "prod"),
+}
+
+
+def rule_groups(values: dict[str, Any], name: str, namespace: str) -> list[dict[str, Any]]:
+    """The alert groups the chart renders for a release."""
+    values = {**values, "monitoring": {"prometheusRule": {"enabled": True}}}
+    [rule] = [
+        d
+        for d in documents(render(values, name=name, namespace=namespace))
+        if d["kind"] == "PrometheusRule"
+    ]
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+def write_rules(folder: Path, values: dict[str, Any], name: str, namespace: str) -> Path:
     rules = folder / "rules.yaml"
-    groups = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    groups = rule_groups(values, name, namespace)
     rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
     return rules
+
+
+def fullname(values: dict[str, Any], name: str) -> str:
+    docs = documents(render(values, name=name, namespace="x"))
+    [relay] = [
+        d for d in docs if d["kind"] == "Deployment" and "controller" not in d["metadata"]["name"]
+    ]
+    found: str = relay["metadata"]["name"]
+    return found
 
 
 def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     promtool = require("promtool", "prometheus")
 
     result = subprocess.run(
-        [promtool, "check", "rules", str(write_rules(tmp_path))], capture_output=True, text=True
+        [promtool, "check", "rules", str(write_rules(tmp_path, {}, "outbox", "prod"))],
+        capture_output=True,
+        text=True,
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 rules found" in result.stdout
+    assert "9 rules found" in result.stdout
 
 
-def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path, release: str) -> None:
     promtool = require("promtool", "prometheus")
-    write_rules(tmp_path)
-    shutil.copy(HERE / "alerts_test.yaml", tmp_path)
+    values, name, namespace = RELEASES[release]
+    write_rules(tmp_path, values, name, namespace)
+    full = fullname(values, name)
+    cases = string.Template((HERE / "alerts_test.yaml").read_text()).substitute(
+        job=f"{full}-metrics",
+        controller=f"{full}-controller-metrics",
+        namespace=namespace,
+        fullname=full,
+        release=name,
+    )
+    (tmp_path / "alerts_test.yaml").write_text(cases)
 
     result = subprocess.run(
         [promtool, "test", "rules", "alerts_test.yaml"],
@@ -59,6 +99,16 @@ def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> No
 
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_selectors_follow_the_release(tmp_path: Path) -> None:
+    exprs = [r["expr"] for g in rule_groups({}, "outbox", "prod") for r in g["rules"]]
+    other = [r["expr"] for g in rule_groups({}, "billing", "finance") for r in g["rules"]]
+
+    for expr in exprs:
+        assert 'namespace="prod"' in expr, expr
+        assert 'job="outbox-outbox-relay-' in expr, expr
+    assert all('namespace="finance"' in e and 'job="billing-outbox-relay-' in e for e in other)
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -106,6 +156,7 @@ def test_buried_message_pages_through_prometheus_and_alertmanager(
         OUTBOX_HANDLERS="tests.integration.recording:failing_handlers",
         OUTBOX_MAX_ATTEMPTS="2",
         OUTBOX_INTERVAL="200ms",
+        OUTBOX_BACKLOG_INTERVAL="1s",
     )
     am_port, prom_port = free_port(), free_port()
     (tmp_path / "am.yaml").write_text(
@@ -124,7 +175,7 @@ def test_buried_message_pages_through_prometheus_and_alertmanager(
             }
         )
     )
-    rules = write_rules(tmp_path)
+    rules = write_rules(tmp_path, {}, "outbox", "prod")
     (tmp_path / "prom.yaml").write_text(
         yaml.safe_dump(
             {
@@ -135,8 +186,14 @@ def test_buried_message_pages_through_prometheus_and_alertmanager(
                 },
                 "scrape_configs": [
                     {
-                        "job_name": "outbox-relay",
-                        "static_configs": [{"targets": [f"127.0.0.1:{relay.port}"]}],
+                        # As the release's ServiceMonitor names it: the metrics Service.
+                        "job_name": "outbox-outbox-relay-metrics",
+                        "static_configs": [
+                            {
+                                "targets": [f"127.0.0.1:{relay.port}"],
+                                "labels": {"namespace": "prod"},
+                            }
+                        ],
                     }
                 ],
             }
@@ -168,8 +225,6 @@ def test_buried_message_pages_through_prometheus_and_alertmanager(
             )
         )
         relay.wait_ready()
-        # Prometheus must hold a sample of the counter at 0 before the burial:
-        # increase() needs two.
         wait_until("a first scrape", lambda: _scraped(prom_port), 60)
         add_messages(pg_conninfo, recording.FAILING, 1)
 
@@ -199,7 +254,7 @@ def test_buried_message_pages_through_prometheus_and_alertmanager(
 
 
 def _scraped(prom_port: int) -> bool:
-    query = urllib.parse.quote(f'outbox_buried_total{{topic="{recording.FAILING}"}}')
+    query = urllib.parse.quote('up{job="outbox-outbox-relay-metrics"} == 1')
     url = f"http://127.0.0.1:{prom_port}/api/v1/query?query={query}"
     try:
         with urllib.request.urlopen(url, timeout=2) as response:

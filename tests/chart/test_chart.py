@@ -9,6 +9,7 @@ that the pods start. The README says so too.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from cloudcoil.models.prometheus_operator import v1 as prom
 from outbox import __name__ as package
 from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, SmtpSettings, variables
 from tests.chart.render import CHART, K8S, documents, plain_manifests, render
+from tests.tools import require
 from tests.unit.test_crd import valid as valid_outboxtopic
 
 KUBE = "1.31.0"
@@ -200,16 +202,32 @@ def test_defaults_install_what_production_needs() -> None:
 
 def test_monitoring_and_hpa_follow_their_switches() -> None:
     on = documents(render(VALUE_SETS["monitoring"]))
-    [monitor] = by_kind(on, "ServiceMonitor")
-    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
-    assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    monitors = by_kind(on, "ServiceMonitor")
+    services = {d["metadata"]["name"]: d for d in by_kind(on, "Service")}
+    for monitor in monitors:
+        # job is the Service's name: unique per release, what the alerts select.
+        assert "jobLabel" not in monitor["spec"]
+        assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        assert [
+            n for n, svc in services.items() if wanted.items() <= svc["spec"]["selector"].items()
+        ], monitor["metadata"]["name"]
+    assert sorted(services) == [
+        "outbox-outbox-relay-controller-metrics",
+        "outbox-outbox-relay-metrics",
+    ]
     [rule] = by_kind(on, "PrometheusRule")
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert alerts == [
         "OutboxMessagesBuried",
+        "OutboxBuriedMessagesUnattended",
+        "OutboxMessagesDropped",
         "OutboxBacklogStale",
         "OutboxDeliveriesFailing",
+        "OutboxDatabaseUnreachable",
+        "OutboxRelaysNotPolling",
         "OutboxRelaysAbsent",
+        "OutboxControllerAbsent",
     ]
     runbooks = (CHART.parents[1] / "docs" / "runbooks.md").read_text().lower()
     for r in (r for g in rule["spec"]["groups"] for r in g["rules"]):
@@ -412,3 +430,47 @@ def test_one_controller_at_a_time_with_a_release_scoped_peering() -> None:
     assert controller(wide, "a", "ns1")[1] != controller(wide, "a", "ns2")[1]
     with pytest.raises(helm_python.HelmValuesError):
         render({"controller": {"replicas": 2}})
+
+
+def test_the_dashboard_is_valid_grafana_json_whose_queries_promtool_accepts(
+    tmp_path: Path,
+) -> None:
+    [config] = by_kind(
+        documents(render({"monitoring": {"grafanaDashboard": {"enabled": True}}})), "ConfigMap"
+    )
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config["data"]["outbox-relay.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    wanted = ("outbox_delivered_total", "outbox_buried_messages", "outbox_lease_lost_total")
+    assert all(any(name in e for e in exprs) for name in wanted)
+    assert any("outbox_database_up" in e for e in exprs)
+    promtool = require("promtool", "prometheus")
+    rules = [
+        {"record": f"outbox:panel_{i}", "expr": e.replace("$namespace", ".*").replace("$job", ".*")}
+        for i, e in enumerate(exprs)
+    ]
+    (tmp_path / "panels.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "p", "rules": rules}]})
+    )
+    result = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "panels.yaml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_keda_scales_on_the_backlog_instead_of_cpu() -> None:
+    keda = {"enabled": True, "serverAddress": "http://prometheus:9090", "pendingPerReplica": 500}
+    docs = documents(render({"relay": {"autoscaling": {"enabled": True, "keda": keda}}}))
+
+    [scaled] = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert by_kind(docs, "HorizontalPodAutoscaler") == [], "KEDA owns the HPA"
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["threshold"] == "500"
+    assert 'job="outbox-outbox-relay-metrics", namespace="prod"' in trigger["metadata"]["query"]
+    relay = next(
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "outbox-outbox-relay"
+    )
+    assert "replicas" not in relay["spec"]
+    with pytest.raises(helm_python.HelmError, match="serverAddress"):
+        render({"relay": {"autoscaling": {"keda": {"enabled": True}}}})

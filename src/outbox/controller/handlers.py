@@ -12,8 +12,10 @@ import logging
 import secrets
 from typing import Any
 
+import anyio
 import kopf
 import psycopg
+from prometheus_client import Counter
 
 from outbox.controller.reconcile import (
     backlog,
@@ -25,6 +27,7 @@ from outbox.controller.reconcile import (
 )
 from outbox.errors import StoreUnavailable
 from outbox.handlers import HandlerKinds
+from outbox.http import ProbeServer
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
 from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK
@@ -35,6 +38,14 @@ GROUP, VERSION, PLURAL = "outbox.dev", "v1alpha1", "outboxtopics"
 BUILTIN_TOPICS = frozenset({LOGIN_LINK, EMAIL_CHANGE})
 
 log = logging.getLogger("outbox.controller")
+
+RECONCILES = Counter(
+    "outbox_controller_reconciles",
+    "OutboxTopic reconciles by outcome: applied, invalid, conflict, unavailable.",
+    ["outcome"],
+)
+for _outcome in ("applied", "invalid", "conflict", "unavailable"):
+    RECONCILES.labels(_outcome)
 
 
 @dataclasses.dataclass
@@ -110,6 +121,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
             status = dict(outcome.status)
         for key, value in status.items():
             patch.status[key] = value
+        RECONCILES.labels(_outcome_of(status)).inc()
         if outcome.event:
             log.info("%s/%s: %s", meta.namespace, meta.name, outcome.event)
             kopf.info(body, reason="Applied", message=outcome.event)
@@ -193,6 +205,19 @@ def _without_finalizers(registry: kopf.OperatorRegistry) -> None:
     ]
 
 
+def _outcome_of(status: dict[str, Any]) -> str:
+    ready = status["conditions"][0]
+    if ready["status"] == "True":
+        return "applied"
+    if ready["status"] == "Unknown":
+        return "unavailable"
+    return "conflict" if ready["reason"] == "Conflict" else "invalid"
+
+
+async def _ready() -> bool:
+    return True
+
+
 def _created(meta: kopf.Meta) -> dt.datetime | None:
     stamp = meta.get("creationTimestamp")
     if not stamp:
@@ -220,6 +245,7 @@ async def run(
     health_port: int | None = None,
     stop_flag: Any = None,
     priority: int = 0,
+    metrics_port: int | None = None,
 ) -> None:
     """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``).
 
@@ -230,14 +256,20 @@ async def run(
     if peering is not None and priority == 0:
         priority = 1 + secrets.randbelow(2**31 - 2)
         log.info("peering %s with priority %d", peering, priority)
-    await kopf.operator(
-        registry=build_registry(config),
-        settings=operator_settings(),
-        clusterwide=clusterwide,
-        namespaces=[] if clusterwide else namespaces,
-        standalone=peering is None,
-        peering_name=peering,
-        priority=priority,
-        stop_flag=stop_flag,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
-    )
+    async with anyio.create_task_group() as tg:
+        if metrics_port is not None:
+            # /metrics for Prometheus: its `up` is what the controller-absent alert reads.
+            probes = ProbeServer("0.0.0.0", metrics_port, alive=lambda: True, ready=_ready)
+            await tg.start(probes.serve)
+        await kopf.operator(
+            registry=build_registry(config),
+            settings=operator_settings(),
+            clusterwide=clusterwide,
+            namespaces=[] if clusterwide else namespaces,
+            standalone=peering is None,
+            peering_name=peering,
+            priority=priority,
+            stop_flag=stop_flag,
+            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        )
+        tg.cancel_scope.cancel()

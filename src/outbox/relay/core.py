@@ -214,6 +214,8 @@ class Relay:
             try:
                 idle = await self._feed_once(tg)
             except Exception as exc:
+                if isinstance(exc, StoreUnavailable):
+                    self.metrics.database_up.set(0)
                 failures += 1
                 wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
                 if isinstance(exc, StoreUnavailable):
@@ -244,6 +246,8 @@ class Relay:
             return False
         want = min(self.config.batch, free)
         claimed = await self._claim(want)
+        self.metrics.database_up.set(1)
+        self.metrics.last_poll.set(time.time())
         await self._start(claimed, tg)
         return len(claimed) + claimed.orphans < want
 
@@ -255,6 +259,7 @@ class Relay:
                 await self.housekeep()
             except Exception as exc:
                 if isinstance(exc, StoreUnavailable):
+                    self.metrics.database_up.set(0)
                     log.warning("housekeeping failed: %s", exc)
                 else:
                     log.exception("housekeeping failed")
