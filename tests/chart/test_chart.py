@@ -48,6 +48,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
     },
     "cluster-wide": {"controller": {"watchAllNamespaces": True}},
+    "network policy": {
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        }
+    },
     "dev": yaml.safe_load((CHART.parent / "dev-values.yaml").read_text()),
 }
 
@@ -474,3 +480,18 @@ def test_keda_scales_on_the_backlog_instead_of_cpu() -> None:
     assert "replicas" not in relay["spec"]
     with pytest.raises(helm_python.HelmError, match="serverAddress"):
         render({"relay": {"autoscaling": {"keda": {"enabled": True}}}})
+
+
+def test_the_network_policy_opens_only_ports_the_pods_declare() -> None:
+    docs = documents(render({"networkPolicy": {"enabled": True}}))
+    [policy] = by_kind(docs, "NetworkPolicy")
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+
+    for deploy in by_kind(docs, "Deployment"):
+        template = deploy["spec"]["template"]
+        assert selected.items() <= template["metadata"]["labels"].items(), "a pod left out"
+        declared = {p["name"] for c in template["spec"]["containers"] for p in c["ports"]}
+        assert declared <= ports | {"http-health"}, deploy["metadata"]["name"]
+    assert ports == {"http-metrics", "http-health"}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
