@@ -211,3 +211,23 @@ async def test_the_oldest_resource_governs_a_topic_whatever_the_order(store: Sto
     await store.set_topic(TopicSettings("orders.shipped", source="cli"), T0)
     taker = dataclasses.replace(newer, topic="orders.shipped")
     assert await store.govern_topic(taker, T0) == "kubernetes:ns/newer"  # cli entries yield
+
+
+@pytest.mark.postgres_only
+async def test_racing_resources_agree_on_the_older_holder(pg_store: Any) -> None:
+    hour = dt.timedelta(hours=1)
+    racers = [
+        TopicSettings("orders.placed", source=f"kubernetes:ns/r{i}", owner_since=T0 - i * hour)
+        for i in range(8)
+    ]
+    holders: list[str | None] = []
+
+    async def govern(entry: TopicSettings) -> None:
+        holders.append(await pg_store.govern_topic(entry, T0))
+
+    async with anyio.create_task_group() as tg:
+        for entry in racers:
+            tg.start_soon(govern, entry)
+
+    assert None not in holders
+    assert (await pg_store.topics())["orders.placed"].source == "kubernetes:ns/r7"

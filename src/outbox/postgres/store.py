@@ -52,6 +52,7 @@ _TOPIC_LIST = QUERIES["topic_list"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
 _TOPIC_GOVERN = QUERIES["topic_govern"]
+_TOPIC_HOLDER = QUERIES["topic_holder"]
 _RELAY_REGISTER = QUERIES["relay_register"]
 _RELAY_UNREGISTER = QUERIES["relay_unregister"]
 _RELAY_LIST = QUERIES["relay_list"]
@@ -331,6 +332,8 @@ class PostgresStore:
     ) -> str | None:
         params = {**_topic_params(settings, now), "owner_since": settings.owner_since}
         rows = await self._fetch(_TOPIC_GOVERN, params)
+        if not rows:  # lost to a writer that committed after this statement began
+            rows = await self._fetch(_TOPIC_HOLDER, {"topic": settings.topic})
         return rows[0][0] if rows else None
 
     async def delete_topic(self, topic: str) -> bool:

@@ -261,6 +261,11 @@ UNION ALL
 SELECT source FROM outbox_topics
 WHERE topic = %(topic)s AND NOT EXISTS (SELECT 1 FROM written);
 
+-- topic_holder --
+-- Who governs a topic now (after topic_govern lost a race it could not see:
+-- its snapshot predates the winner's commit).
+SELECT source FROM outbox_topics WHERE topic = %(topic)s;
+
 -- topic_delete --
 -- Remove a topic's registry entry (it falls back to its built-in handler).
 DELETE FROM outbox_topics WHERE topic = %(topic)s;
