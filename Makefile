@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-## demo: install, then add and deliver a few messages on an embedded PostgreSQL
+## demo: install, then run the example application's mail story on an embedded PostgreSQL
 demo: $(STAMP)
-	$(BIN)/outbox demo
+	$(BIN)/python -m examples.signin
 
 ## test: install, then lint, type-check and run the whole suite
 test: lint

@@ -133,15 +133,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     controller.set_defaults(func=_controller)
 
-    demo = commands.add_parser(
-        "demo",
-        help="a short tour on the embedded PostgreSQL",
-        description="Add messages with a change and relay them, on an embedded PostgreSQL.",
-        epilog=_settings_help(ServiceSettings, only=("OUTBOX_DATA_DIR",)),
-        formatter_class=formatter,
-    )
-    demo.set_defaults(func=_demo)
-
     _buried_parser(commands, formatter)
     _topics_parser(commands, formatter)
 
@@ -518,12 +509,6 @@ def _controller(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from outbox.demo import main as demo
-
-    return demo()
-
-
 def _env(args: argparse.Namespace) -> int:
     rows = variables(
         ServiceSettings,
@@ -549,7 +534,7 @@ def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
     handlers: dict[str, Handler] = {}
     smtp = load(SmtpSettings)
     if smtp.enabled:
-        from outbox.user.mail import mail_handlers
+        from outbox.handlers.mail import mail_handlers
 
         handlers.update(mail_handlers(smtp))
     if settings.handlers:

@@ -15,7 +15,9 @@ __all__ = [
     "Dropped",
     "EncodeError",
     "NotFound",
+    "NotInTransaction",
     "OutboxError",
+    "PayloadMismatch",
     "Permanent",
     "RetryAfter",
     "StoreUnavailable",
@@ -53,6 +55,32 @@ class Permanent(OutboxError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class PayloadMismatch(Permanent):
+    """A message's payload does not fit the model a handler decodes it into.
+
+    Permanent: the relay buries the message with this reason at once.
+    """
+
+    def __init__(self, topic: str, model: str, reason: str) -> None:
+        super().__init__(f"payload of {topic} does not fit {model}: {reason}")
+        self.topic = topic
+        self.model = model
+
+
+class NotInTransaction(OutboxError):
+    """A message was added through a connection outside any transaction.
+
+    It would commit on its own, apart from the change it announces: the bug
+    the outbox exists to prevent. Nothing was stored.
+    """
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"outbox: {where} is not inside a transaction; add messages in the transaction "
+            "of the change they announce (nothing was stored)"
+        )
 
 
 class RetryAfter(OutboxError):

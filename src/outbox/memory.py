@@ -100,7 +100,7 @@ class MemoryStore:
         if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
             raise ValueError("outbox: a message with this id is already stored")
         for m in tx.pending:
-            self._rows[m.id] = _Row(m, due_at=m.created_at)
+            self._rows[m.id] = _Row(m, due_at=m.deliver_at or m.created_at)
 
     async def add(self, tx: MemoryTx, /, *msgs: Message) -> None:
         if tx.store is not self:

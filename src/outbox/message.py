@@ -10,16 +10,18 @@ import dataclasses
 import datetime as dt
 import json
 import re
+import sys
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import uuid_utils.compat
-from pydantic import BaseModel
 
-from outbox.errors import EncodeError
+from outbox.errors import EncodeError, PayloadMismatch
 
 __all__ = ["TOPIC_MAX_LENGTH", "Message", "new_message", "validate_topic"]
+
+T = TypeVar("T")
 
 TOPIC_MAX_LENGTH = 200
 _TOPIC = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -42,6 +44,8 @@ class Message:
     relay with other messages does not count that lost attempt (another message
     may have crashed the relay); see the relay's poison isolation.
     """
+    deliver_at: dt.datetime | None = None
+    """UTC. Not claimed before this time (None: at ``created_at``)."""
     lease: uuid.UUID | None = dataclasses.field(default=None, compare=False, repr=False)
     """The token of the claim that leased it. The store applies a write-back that
     carries it (retry, bury, release) only while no later claim has taken the
@@ -51,6 +55,33 @@ class Message:
     def json(self) -> Any:
         """The payload, decoded."""
         return json.loads(self.payload)
+
+    def decode(self, model: type[T]) -> T:
+        """The payload as ``model``: a pydantic model or a dataclass.
+
+        Raises :class:`~outbox.errors.PayloadMismatch` (a Permanent error, so
+        the relay buries the message with the reason) when it does not fit:
+        retrying cannot make a payload match its model.
+        """
+        try:
+            validate = getattr(model, "model_validate_json", None)
+            if validate is not None:  # a pydantic model
+                found: T = validate(self.payload)
+                return found
+            data = json.loads(self.payload)
+            if dataclasses.is_dataclass(model) and "pydantic" in sys.modules:
+                from pydantic import TypeAdapter
+
+                adapted: T = TypeAdapter(model).validate_python(data)
+                return adapted
+            if dataclasses.is_dataclass(model):
+                if not isinstance(data, dict):
+                    raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+                made: T = model(**data)
+                return made
+        except (ValueError, TypeError) as exc:
+            raise PayloadMismatch(self.topic, model.__name__, _first_line(exc)) from exc
+        raise TypeError(f"outbox: decode takes a pydantic model or a dataclass, not {model!r}")
 
 
 def validate_topic(topic: str) -> str:
@@ -66,17 +97,28 @@ def validate_topic(topic: str) -> str:
     return topic
 
 
-def new_message(topic: str, payload: Any, now: dt.datetime) -> Message:
+def new_message(
+    topic: str,
+    payload: Any,
+    now: dt.datetime | None = None,
+    *,
+    deliver_at: dt.datetime | None = None,
+) -> Message:
     """Return a message for ``topic`` with ``payload`` encoded as compact JSON.
 
     ``payload`` may be anything JSON can hold, a pydantic model or a dataclass
-    (also nested; datetimes, dates, UUIDs and Decimals become strings). The id
-    is a UUIDv7, so ids sort roughly by creation time. ``now`` must be aware;
-    ``created_at`` is ``now`` in UTC, truncated to whole milliseconds.
+    (also nested; datetimes, dates, UUIDs and Decimals become strings). What
+    would break later is refused now with :class:`~outbox.errors.EncodeError`:
+    NaN, a NUL character in a string (PostgreSQL's jsonb and many consumers
+    refuse it) and keys that collide once converted to strings (``{1: "a",
+    "1": "b"}`` would lose one). The id is a UUIDv7, so ids sort roughly by
+    creation time. ``now`` (default: the current time) and ``deliver_at`` must
+    be aware; both are kept in UTC, truncated to whole milliseconds. A message
+    with ``deliver_at`` is not claimed before then.
     """
     validate_topic(topic)
-    if now.tzinfo is None or now.utcoffset() is None:
-        raise ValueError("outbox: now must be timezone-aware (a naive datetime has no instant)")
+    created = _instant(now or dt.datetime.now(dt.UTC), "now")
+    later = None if deliver_at is None else _instant(deliver_at, "deliver_at")
     try:
         data = json.dumps(
             payload,
@@ -85,16 +127,57 @@ def new_message(topic: str, payload: Any, now: dt.datetime) -> Message:
             ensure_ascii=False,
             allow_nan=False,
         ).encode()
+        _check(json.loads(data, object_pairs_hook=_unique_keys))
     except (TypeError, ValueError, RecursionError) as exc:
         raise EncodeError(topic, str(exc)) from exc
-    created = now.astimezone(dt.UTC)
-    created = created.replace(microsecond=created.microsecond // 1000 * 1000)
-    return Message(id=uuid_utils.compat.uuid7(), topic=topic, payload=data, created_at=created)
+    return Message(
+        id=uuid_utils.compat.uuid7(),
+        topic=topic,
+        payload=data,
+        created_at=created,
+        deliver_at=later,
+    )
+
+
+def _instant(at: dt.datetime, name: str) -> dt.datetime:
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError(f"outbox: {name} must be timezone-aware (a naive datetime has no instant)")
+    at = at.astimezone(dt.UTC)
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"key {key!r} appears twice once keys are strings")
+        found[key] = value
+    return found
+
+
+def _check(value: Any) -> None:
+    """Refuse NUL characters anywhere in the decoded payload."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("a NUL character (\\u0000) in a string; PostgreSQL's jsonb refuses it")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check(k)
+            _check(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check(v)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _encode_default(value: object) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
+    dump = getattr(value, "model_dump", None)
+    if dump is not None and "pydantic" in sys.modules:  # a pydantic model
+        return dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, dt.datetime | dt.date | dt.time):

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.handlers import HandlerKinds
+from outbox.handlers.mail import LOGIN_LINK
 from outbox.settings import NatsSettings
-from outbox.user.mail import LOGIN_LINK
 from tests.controller.conftest import Cluster, eventually
 from tests.integration.test_nats import NatsServer
 from tests.integration.test_webhook import Receiver, serving

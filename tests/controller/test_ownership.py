@@ -10,9 +10,9 @@ import kmock
 
 from outbox.embedded import EmbeddedPostgres
 from outbox.handlers import HandlerKinds
+from outbox.handlers.mail import LOGIN_LINK
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.settings import WebhookSettings
-from outbox.user.mail import LOGIN_LINK
 from tests.controller.conftest import NS, RES, Cluster, eventually, operator
 
 

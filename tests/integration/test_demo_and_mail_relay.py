@@ -1,24 +1,35 @@
-"""The quick start's demo, and `outbox relay` sending mail, as real processes."""
+"""The quick start's demo (the example application), and `outbox relay` sending mail."""
 
 from __future__ import annotations
 
 import datetime as dt
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
 
+from examples.signin import create_schema, request_login_link
+from outbox.handlers.mail import LoginLink
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from outbox.user.mail import LoginLink, request_login_link
-from tests.integration.process import RelayProcess, run_outbox, wait_until
+from tests.integration.process import REPO, RelayProcess, outbox_env, wait_until
 from tests.integration.smtp import smtp_server
 
 
 def test_demo_runs_the_mail_story_and_leaves_nothing_running(tmp_path: Path) -> None:
     data = tmp_path / "demo"
 
-    result = run_outbox("demo", timeout=120, OUTBOX_DATA_DIR=str(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.signin"],
+        env=outbox_env(OUTBOX_DATA_DIR=str(data)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
     assert result.returncode == 0, result.stderr
     counts = dict(
@@ -49,6 +60,8 @@ def test_relay_sends_mail_when_smtp_is_configured(pg_conninfo: str, tmp_path: Pa
 
             async def ask() -> LoginLink:
                 async with connect_pool(pg_conninfo, max_size=1) as pool:
+                    async with pool.connection() as conn:
+                        await create_schema(conn)
                     m = await request_login_link(
                         PostgresStore(pool),
                         "pat@example.com",

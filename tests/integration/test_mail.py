@@ -12,20 +12,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from outbox import NotFound, Relay, RelayConfig, backoff, new_message
-from outbox.postgres import PostgresStore
-from outbox.settings import SmtpSettings
-from outbox.user.errors import EmailTaken, InvalidCode, InvalidToken, UnknownAccount
-from outbox.user.mail import (
-    EMAIL_CHANGE,
-    LOGIN_LINK,
-    LoginLink,
+from examples.signin import (
     confirm_email_change,
-    mail_handlers,
+    create_schema,
     redeem_login_code,
     request_email_change,
     request_login_link,
 )
+from examples.signin.errors import EmailTaken, InvalidCode, InvalidToken, UnknownAccount
+from outbox import NotFound, Relay, RelayConfig, backoff, new_message
+from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, mail_handlers
+from outbox.postgres import PostgresStore
+from outbox.settings import SmtpSettings
 from tests.integration.smtp import PASSWORD, USER, Inbox, free_port, self_signed, smtp_server
 
 T0 = dt.datetime(2026, 5, 1, 9, 0, tzinfo=dt.UTC)
@@ -74,8 +72,16 @@ def inbox() -> Iterator[tuple[Inbox, int]]:
 
 
 @pytest.fixture
-def mail(pg_store: PostgresStore, inbox: tuple[Inbox, int]) -> Mail:
-    return Mail(pg_store, smtp_settings(inbox[1]))
+async def app_store(pg_store: PostgresStore) -> PostgresStore:
+    """The store, with the example application's own tables beside the outbox."""
+    async with pg_store.pool.connection() as conn:
+        await create_schema(conn)
+    return pg_store
+
+
+@pytest.fixture
+def mail(app_store: PostgresStore, inbox: tuple[Inbox, int]) -> Mail:
+    return Mail(app_store, smtp_settings(inbox[1]))
 
 
 async def test_committed_login_link_sends_exactly_one_email(
@@ -175,14 +181,14 @@ async def test_expired_link_is_dropped_and_counted(mail: Mail, inbox: tuple[Inbo
 
 
 async def test_smtp_server_down_is_retried_and_delivered_when_it_returns(
-    pg_store: PostgresStore,
+    app_store: PostgresStore,
 ) -> None:
     port = free_port()
-    mail = Mail(pg_store, smtp_settings(port))
-    m = await request_login_link(pg_store, "fay@example.com", now=T0, link_base=BASE)
+    mail = Mail(app_store, smtp_settings(port))
+    m = await request_login_link(app_store, "fay@example.com", now=T0, link_base=BASE)
 
     await mail.drain()
-    state = await pg_store.get(m.id)
+    state = await app_store.get(m.id)
     assert state.last_error is not None
     assert state.due_at == T0 + backoff(1)
 
@@ -263,67 +269,67 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return self_signed(tmp_path_factory.mktemp("tls"))
 
 
-async def test_starttls_and_auth(pg_store: PostgresStore, certificate: tuple[Path, Path]) -> None:
+async def test_starttls_and_auth(app_store: PostgresStore, certificate: tuple[Path, Path]) -> None:
     cert, key = certificate
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     with smtp_server(tls=context) as (inbox, port):
         good = Mail(
-            pg_store,
+            app_store,
             smtp_settings(port, tls="starttls", ca_file=cert, username=USER, password=PASSWORD),
         )
         bad = Mail(
-            pg_store,
+            app_store,
             smtp_settings(port, tls="starttls", ca_file=cert, username=USER, password="wrong"),
         )
-        m1 = await request_login_link(pg_store, "jo@example.com", now=T0, link_base=BASE)
+        m1 = await request_login_link(app_store, "jo@example.com", now=T0, link_base=BASE)
         await good.drain()
-        m2 = await request_login_link(pg_store, "kim@example.com", now=T0, link_base=BASE)
+        m2 = await request_login_link(app_store, "kim@example.com", now=T0, link_base=BASE)
         await bad.drain()
 
     assert [x["Message-ID"] for x in inbox.mails] == [f"<{m1.id}@app.example.com>"]
     assert inbox.logins == [USER.encode()]
-    state = await pg_store.get(m2.id)
+    state = await app_store.get(m2.id)
     assert state.buried_at is not None
     assert "535" in (state.last_error or "")
     assert PASSWORD not in (state.last_error or "")
 
 
-async def test_login_codes_work_once_and_expire(pg_store: PostgresStore) -> None:
-    m = await request_login_link(pg_store, "lee@example.com", now=T0, link_base=BASE)
+async def test_login_codes_work_once_and_expire(app_store: PostgresStore) -> None:
+    m = await request_login_link(app_store, "lee@example.com", now=T0, link_base=BASE)
     code = LoginLink.model_validate_json(m.payload).code
     later = T0 + dt.timedelta(minutes=15)
 
     with pytest.raises(InvalidCode):
-        await redeem_login_code(pg_store, "lee@example.com", code, now=later)
+        await redeem_login_code(app_store, "lee@example.com", code, now=later)
     with pytest.raises(InvalidCode):
         await redeem_login_code(
-            pg_store, "lee@example.com", "000000" if code != "000000" else "1", now=T0
+            app_store, "lee@example.com", "000000" if code != "000000" else "1", now=T0
         )
-    account = await redeem_login_code(pg_store, "LEE@example.com", code, now=T0)
+    account = await redeem_login_code(app_store, "LEE@example.com", code, now=T0)
     assert account == LoginLink.model_validate_json(m.payload).account_id
     with pytest.raises(InvalidCode):
-        await redeem_login_code(pg_store, "lee@example.com", code, now=T0)
+        await redeem_login_code(app_store, "lee@example.com", code, now=T0)
 
 
 async def test_email_change_refuses_taken_addresses_and_unknown_accounts(
-    pg_store: PostgresStore,
+    app_store: PostgresStore,
 ) -> None:
-    a = await request_login_link(pg_store, "mo@example.com", now=T0, link_base=BASE)
-    await request_login_link(pg_store, "ned@example.com", now=T0, link_base=BASE)
+    a = await request_login_link(app_store, "mo@example.com", now=T0, link_base=BASE)
+    await request_login_link(app_store, "ned@example.com", now=T0, link_base=BASE)
     account = LoginLink.model_validate_json(a.payload).account_id
 
     with pytest.raises(EmailTaken):
-        await request_email_change(pg_store, account, "NED@example.com", now=T0, link_base=BASE)
+        await request_email_change(app_store, account, "NED@example.com", now=T0, link_base=BASE)
     with pytest.raises(UnknownAccount):
         await request_email_change(
-            pg_store, new_message("a", {}, T0).id, "x@example.com", now=T0, link_base=BASE
+            app_store, new_message("a", {}, T0).id, "x@example.com", now=T0, link_base=BASE
         )
     with pytest.raises(ValueError, match="not an email address"):
-        await request_login_link(pg_store, "no-at-sign", now=T0, link_base=BASE)
+        await request_login_link(app_store, "no-at-sign", now=T0, link_base=BASE)
 
 
-async def test_implicit_tls(pg_store: PostgresStore, certificate: tuple[Path, Path]) -> None:
+async def test_implicit_tls(app_store: PostgresStore, certificate: tuple[Path, Path]) -> None:
     from aiosmtpd.controller import Controller
 
     cert, key = certificate
@@ -333,8 +339,8 @@ async def test_implicit_tls(pg_store: PostgresStore, certificate: tuple[Path, Pa
     controller = Controller(inbox, hostname="127.0.0.1", port=port, ssl_context=context)
     controller.start()
     try:
-        mail = Mail(pg_store, smtp_settings(port, tls="tls", ca_file=cert))
-        m = await request_login_link(pg_store, "quinn@example.com", now=T0, link_base=BASE)
+        mail = Mail(app_store, smtp_settings(port, tls="tls", ca_file=cert))
+        m = await request_login_link(app_store, "quinn@example.com", now=T0, link_base=BASE)
         await mail.drain()
     finally:
         controller.stop()

@@ -27,15 +27,15 @@ from outbox.controller.reconcile import (
 )
 from outbox.errors import StoreUnavailable
 from outbox.handlers import HandlerKinds
+from outbox.handlers.mail.topics import TOPICS
 from outbox.http import ProbeServer
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
-from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "ControllerConfig", "build_registry"]
 
 GROUP, VERSION, PLURAL = "outbox.dev", "v1alpha1", "outboxtopics"
-BUILTIN_TOPICS = frozenset({LOGIN_LINK, EMAIL_CHANGE})
+BUILTIN_TOPICS = TOPICS
 
 log = logging.getLogger("outbox.controller")
 

@@ -1,8 +1,42 @@
-"""PostgreSQL backend: the store, its pool helper and schema migrations."""
+"""PostgreSQL: ``add``/``add_sync`` for producers; the store, pool and migrations for relays.
+
+``import outbox.postgres`` is light: the store (psycopg_pool, anyio) and the
+migrations load on first use.
+"""
 
 from __future__ import annotations
 
-from outbox.postgres.migrate import migrate, pending
-from outbox.postgres.store import PostgresStore, connect_pool
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["PostgresStore", "connect_pool", "migrate", "pending"]
+from outbox.postgres.producer import add, add_sync
+
+if TYPE_CHECKING:
+    from outbox.postgres.schema import migrate, migrations_sql, pending
+    from outbox.postgres.store import PostgresStore, connect_pool
+
+__all__ = [
+    "PostgresStore",
+    "add",
+    "add_sync",
+    "connect_pool",
+    "migrate",
+    "migrations_sql",
+    "pending",
+]
+
+_LAZY = {
+    "PostgresStore": "outbox.postgres.store",
+    "connect_pool": "outbox.postgres.store",
+    "migrate": "outbox.postgres.schema",
+    "migrations_sql": "outbox.postgres.schema",
+    "pending": "outbox.postgres.schema",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

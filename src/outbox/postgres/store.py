@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message, validate_topic
+from outbox.postgres.producer import add
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
     Claimed,
@@ -34,7 +35,6 @@ from outbox.store import (
 
 __all__ = ["PostgresStore", "connect_pool"]
 
-_INSERT = QUERIES["message_insert"]
 _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
@@ -114,21 +114,7 @@ class PostgresStore:
 
     async def add(self, tx: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
         """Insert ``msgs`` through ``tx``, which must be inside the caller's transaction."""
-        params = [
-            {
-                "id": m.id,
-                "topic": m.topic,
-                "payload": m.payload.decode(),
-                "created_at": m.created_at,
-            }
-            for m in msgs
-        ]
-        if len(params) == 1:
-            await tx.execute(_INSERT, params[0])
-        elif params:
-            # executemany pipelines the inserts: one round trip for the lot.
-            async with tx.cursor() as cur:
-                await cur.executemany(_INSERT, params)
+        await add(tx, *msgs)
 
     async def claim(
         self,

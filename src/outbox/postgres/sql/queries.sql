@@ -4,9 +4,20 @@
 -- every relay shares one clock; tests pass the time of their injected clock.
 
 -- message_insert --
--- Add a message; it is first due at its creation time.
+-- Add a message; it is first due at its deliver_at, or else its creation time.
 INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
-VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s, %(created_at)s);
+VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s,
+        coalesce(%(deliver_at)s::timestamptz, %(created_at)s));
+
+-- message_insert_many --
+-- Add several messages in one statement (one round trip); each is first due
+-- at its deliver_at, or else its creation time. Written with CAST() and no
+-- `::`, so the same statement serves SQLAlchemy and Django placeholders.
+INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
+SELECT m.id, m.topic, CAST(m.payload AS json), m.created_at, m.due_at
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads)s AS text[]),
+            CAST(%(created)s AS timestamptz[]), CAST(%(due)s AS timestamptz[]))
+     AS m(id, topic, payload, created_at, due_at);
 
 -- message_claim --
 -- Lease up to %(limit)s due messages, earliest due first, for %(lease)s under

@@ -6,13 +6,16 @@ import uuid
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
-__all__ = ["EMAIL_CHANGE", "LOGIN_LINK", "EmailChange", "LoginLink"]
+__all__ = ["EMAIL_CHANGE", "LOGIN_LINK", "TOPICS", "EmailChange", "LoginLink"]
 
 LOGIN_LINK = "mail.login_link"
 """Someone asked for a sign-in link: email it with its one-time code."""
 
 EMAIL_CHANGE = "mail.email_change"
 """A user asked to change their email: email a confirmation link to the new address."""
+
+TOPICS = frozenset({LOGIN_LINK, EMAIL_CHANGE})
+"""The topics with a built-in handler."""
 
 
 class LoginLink(BaseModel):

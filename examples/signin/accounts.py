@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
+from examples.signin.errors import EmailTaken
 from outbox.postgres.queries import load_queries
-from outbox.user.errors import EmailTaken
 
 __all__ = [
     "Conn",
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 Conn = psycopg.AsyncConnection[Any]
-_Q = load_queries("outbox.user")
+_Q = load_queries("examples.signin")
 
 
 async def _one(conn: Conn, name: str, params: dict[str, Any]) -> tuple[Any, ...] | None:

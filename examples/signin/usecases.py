@@ -16,11 +16,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import quote, urlencode
 
+from examples.signin import accounts as repo
+from examples.signin.errors import EmailTaken, InvalidCode, InvalidToken, UnknownAccount
+from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 from outbox.message import Message, new_message
 from outbox.postgres import PostgresStore
-from outbox.user import repository as repo
-from outbox.user.errors import EmailTaken, InvalidCode, InvalidToken, UnknownAccount
-from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 
 __all__ = [
     "CHANGE_TTL",

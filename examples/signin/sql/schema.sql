@@ -1,5 +1,6 @@
--- The user domain behind the mail topics: accounts, sign-in codes (only their
--- hashes) and pending email changes (only their token hashes).
+-- The example application's tables, behind the mail topics: accounts, sign-in
+-- codes (only their hashes) and pending email changes (only their token
+-- hashes). The example creates them itself (examples.signin.create_schema).
 CREATE TABLE IF NOT EXISTS user_accounts (
     id         uuid        PRIMARY KEY,
     email      text        NOT NULL,

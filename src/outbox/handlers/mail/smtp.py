@@ -19,10 +19,10 @@ import aiosmtplib
 from pydantic import BaseModel, ValidationError
 
 from outbox.errors import Dropped, Permanent
+from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 from outbox.message import Message
 from outbox.relay import Clock, Handler, system_clock
 from outbox.settings import SmtpSettings
-from outbox.user.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 
 __all__ = ["SmtpSender", "compose_email_change", "compose_login_link", "mail_handlers"]
 

@@ -1,4 +1,4 @@
-"""``outbox demo``: the mail topics end to end on a laptop with nothing running.
+"""``make demo`` (``python -m examples.signin``): the mail topics end to end, nothing running.
 
 Starts the embedded PostgreSQL (data under OUTBOX_DATA_DIR, default ./.outbox)
 and an SMTP server on a loopback port, runs the real use cases for a few
@@ -24,18 +24,13 @@ from typing import Any
 import anyio
 from prometheus_client import CollectorRegistry
 
+from examples.signin.schema import create_schema
+from examples.signin.usecases import request_email_change, request_login_link
 from outbox import Relay, RelayConfig, system_clock
 from outbox.embedded import EmbeddedPostgres
+from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, mail_handlers
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.settings import SmtpSettings
-from outbox.user.mail import (
-    EMAIL_CHANGE,
-    LOGIN_LINK,
-    LoginLink,
-    mail_handlers,
-    request_email_change,
-    request_login_link,
-)
 
 __all__ = ["main"]
 
@@ -103,6 +98,7 @@ async def _tour(url: str, smtp: SmtpSettings) -> dict[str, Any]:
     async with connect_pool(url) as pool:
         store = PostgresStore(pool)
         async with pool.connection() as conn:
+            await create_schema(conn)
             await conn.execute("TRUNCATE outbox_messages, user_accounts CASCADE")
         story = await _use_cases(store)
         async with pool.connection() as conn:

@@ -1,0 +1,1 @@
+"""Example applications of the outbox: runnable, tested, not part of the package."""

@@ -1,0 +1,91 @@
+"""Adding messages through a connection the application already holds, in its transaction.
+
+``add`` (psycopg ``AsyncConnection``) and ``add_sync`` (psycopg
+``Connection``) need no pool and no store: the message is one more row in the
+caller's own transaction, committed or rolled back with the change it
+announces. A connection outside any transaction is refused with
+NotInTransaction (the row would commit on its own), and nothing is stored.
+Many messages are one statement.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, LiteralString
+
+from outbox.errors import NotInTransaction
+from outbox.message import Message
+from outbox.postgres.queries import QUERIES
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["INSERT_MANY", "add", "add_sync", "insert_params", "named_to"]
+
+INSERT_ONE = QUERIES["message_insert"]
+INSERT_MANY = QUERIES["message_insert_many"]
+
+
+def insert_params(msgs: Sequence[Message], *, text_ids: bool = False) -> dict[str, Any]:
+    """The parameters of INSERT_MANY for ``msgs``: one array per column.
+
+    ``text_ids`` passes ids as strings, which every driver adapts (psycopg2
+    cannot adapt a UUID without a registered adapter).
+    """
+    return {
+        "ids": [str(m.id) if text_ids else m.id for m in msgs],
+        "topics": [m.topic for m in msgs],
+        "payloads": [m.payload.decode() for m in msgs],
+        "created": [m.created_at for m in msgs],
+        "due": [m.deliver_at or m.created_at for m in msgs],
+    }
+
+
+def _one(m: Message) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "topic": m.topic,
+        "payload": m.payload.decode(),
+        "created_at": m.created_at,
+        "deliver_at": m.deliver_at,
+    }
+
+
+def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    from psycopg.pq import TransactionStatus
+
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        raise NotInTransaction("the psycopg connection")
+
+
+async def add(conn: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
+    """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
+    _in_transaction(conn)
+    if len(msgs) == 1:
+        await conn.execute(INSERT_ONE, _one(msgs[0]))
+    elif msgs:
+        await conn.execute(INSERT_MANY, insert_params(msgs))
+
+
+def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
+    """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
+    _in_transaction(conn)
+    if len(msgs) == 1:
+        conn.execute(INSERT_ONE, _one(msgs[0]))
+    elif msgs:
+        conn.execute(INSERT_MANY, insert_params(msgs))
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
+def named_to(style: str, sql: LiteralString = INSERT_MANY) -> tuple[str, list[str]]:
+    """``sql`` with its %(name)s parameters as ``:name`` (colon) or ``%s`` (format).
+
+    Returns the statement and the parameter names in the order they appear.
+    """
+    names = _NAMED.findall(sql)
+    if style == "colon":
+        return _NAMED.sub(r":\1", sql), names
+    return _NAMED.sub("%s", sql), names

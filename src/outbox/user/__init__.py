@@ -1,1 +1,0 @@
-"""The user domain: accounts whose changes send mail through the outbox."""
