@@ -95,9 +95,17 @@ def _parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser(
         "migrate",
         help="create or upgrade the outbox schema, then exit",
-        description="Apply the schema migrations the database lacks. Safe from several pods.",
+        description=(
+            "Apply the schema migrations the database lacks. Safe from several pods. "
+            "--sql prints every migration's DDL instead, for Alembic or Django migrations to own."
+        ),
         epilog=_settings_help(ServiceSettings, only=_DATABASE + _LOGS),
         formatter_class=formatter,
+    )
+    migrate.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the DDL of every migration in order (idempotent) without connecting",
     )
     migrate.set_defaults(func=_migrate)
 
@@ -458,8 +466,12 @@ def _relay(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from outbox.postgres import migrate
+    from outbox.postgres import migrate, migrations_sql
     from outbox.service import database
+
+    if args.sql:
+        sys.stdout.write(migrations_sql())
+        return 0
 
     settings = _service_settings()
 

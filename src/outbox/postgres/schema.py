@@ -23,7 +23,7 @@ log = logging.getLogger("outbox.postgres")
 _LOCK_KEY = 0x6F7574626F78  # "outbox"
 
 
-_BOOKKEEPING: LiteralString = """
+BOOKKEEPING: LiteralString = """
 CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
     version    integer     PRIMARY KEY,
     name       text        NOT NULL,
@@ -38,7 +38,7 @@ async def migrate(conninfo: str) -> list[int]:
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
         await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
-            await conn.execute(_BOOKKEEPING)
+            await conn.execute(BOOKKEEPING)
             cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
             done = {row[0] for row in await cur.fetchall()}
             for version, name, sql in migrations():
@@ -79,7 +79,7 @@ def migrations_sql() -> str:
     parts = [
         "-- The outbox schema, every migration in order. Idempotent: safe to apply twice.\n"
         "BEGIN;\n",
-        _BOOKKEEPING.strip() + ";\n",
+        BOOKKEEPING.strip() + ";\n",
     ]
     for version, name, sql in migrations():
         parts.append(f"\n-- {version:04d}_{name}\n{sql.strip()}\n")

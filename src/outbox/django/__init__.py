@@ -1,0 +1,33 @@
+"""Add messages from Django, inside ``transaction.atomic()``.
+
+``outbox.django.add(*messages, using="default")`` inserts through Django's own
+connection, so the message commits or rolls back with the ORM changes of the
+same atomic block. Outside one (Django's autocommit) it raises
+NotInTransaction and stores nothing. Adding ``"outbox.django"`` to
+INSTALLED_APPS lets ``manage.py migrate`` create the outbox tables with the
+same SQL as `outbox migrate`. Needs the ``django`` extra.
+"""
+
+from __future__ import annotations
+
+from outbox.errors import NotInTransaction
+from outbox.message import Message
+from outbox.postgres.producer import insert_params, named_to
+
+__all__ = ["add"]
+
+_SQL, _NAMES = named_to("format")
+
+
+def add(*msgs: Message, using: str = "default") -> None:
+    """Insert ``msgs`` through Django's connection ``using``, in its atomic block."""
+    from django.db import connections
+
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        raise NotInTransaction(f"Django's connection {using!r}")
+    if not msgs:
+        return
+    params = insert_params(msgs, text_ids=True)
+    with connection.cursor() as cursor:
+        cursor.execute(_SQL, [params[name] for name in _NAMES])

@@ -1,0 +1,66 @@
+"""Add messages through SQLAlchemy, in the session's (or connection's) own transaction.
+
+Any PostgreSQL driver SQLAlchemy drives works (psycopg, psycopg2, asyncpg):
+the insert goes through SQLAlchemy itself, one statement for any number of
+messages. A session or connection outside a transaction, or one on a driver
+level autocommit, is refused with NotInTransaction and nothing is stored.
+Needs the ``sqlalchemy`` extra.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from outbox.errors import NotInTransaction
+from outbox.message import Message
+from outbox.postgres.producer import insert_params, named_to
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+__all__ = ["add", "add_async"]
+
+_SQL, _ = named_to("colon")
+
+
+def add(bind: Session | Connection, /, *msgs: Message) -> None:
+    """Insert ``msgs`` in the transaction ``bind`` (a Session or a Connection) has open."""
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    if isinstance(bind, Session):
+        if not bind.in_transaction():
+            raise NotInTransaction("the SQLAlchemy session")
+        conn = bind.connection()
+    else:
+        conn = bind
+    _check(conn.in_transaction(), conn.connection.dbapi_connection, "the SQLAlchemy connection")
+    if msgs:
+        conn.execute(text(_SQL), insert_params(msgs, text_ids=True))
+
+
+async def add_async(bind: AsyncSession | AsyncConnection, /, *msgs: Message) -> None:
+    """Insert ``msgs`` in the transaction ``bind`` (an AsyncSession or AsyncConnection) has open."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    if isinstance(bind, AsyncSession):
+        if not bind.in_transaction():
+            raise NotInTransaction("the SQLAlchemy session")
+        conn = await bind.connection()
+    else:
+        conn = bind
+    raw = await conn.get_raw_connection()
+    _check(conn.in_transaction(), raw.dbapi_connection, "the SQLAlchemy connection")
+    if msgs:
+        await conn.execute(text(_SQL), insert_params(msgs, text_ids=True))
+
+
+def _check(in_transaction: bool, dbapi: Any, where: str) -> None:
+    # SQLAlchemy "begins" on a driver-level autocommit connection too (the
+    # AUTOCOMMIT isolation level); only the driver knows its statements then
+    # commit one by one.
+    if not in_transaction or getattr(dbapi, "autocommit", False):
+        raise NotInTransaction(where)

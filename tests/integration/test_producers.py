@@ -1,0 +1,262 @@
+"""Adding messages from an application's own transaction, with every driver and framework.
+
+Each API is driven the way an application drives it, against real PostgreSQL:
+the change and its message commit together, roll back together, and a
+connection outside any transaction is refused with nothing stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from outbox import NotInTransaction, new_message
+from outbox.postgres import add, add_sync, migrate
+
+pytestmark = pytest.mark.postgres_only
+
+
+@pytest.fixture
+def db(pg_conninfo: str) -> str:
+    anyio.run(migrate, pg_conninfo)
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id uuid PRIMARY KEY, item text NOT NULL)")
+    return pg_conninfo
+
+
+def stored(db: str) -> tuple[set[uuid.UUID], set[str]]:
+    """(orders, message topics) in the table now."""
+    with psycopg.connect(db) as conn:
+        orders = {r[0] for r in conn.execute("SELECT id FROM orders")}
+        topics = {r[0] for r in conn.execute("SELECT topic FROM outbox_messages")}
+    return orders, topics
+
+
+def order_message(order: uuid.UUID, n: int = 1) -> list[Any]:
+    return [new_message("orders.placed", {"order": str(order), "n": i}) for i in range(n)]
+
+
+# -- psycopg -----------------------------------------------------------------------------
+
+
+async def test_psycopg_async_commits_and_rolls_back_with_the_change(db: str) -> None:
+    kept, lost = uuid.uuid4(), uuid.uuid4()
+    async with await psycopg.AsyncConnection.connect(db) as conn:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
+            await add(conn, *order_message(kept, 3))
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO orders VALUES (%s, 'cake')", (lost,))
+                await add(conn, *order_message(lost))
+                raise RuntimeError("the use case failed after adding")
+
+    orders, _ = stored(db)
+    assert orders == {kept}
+    with psycopg.connect(db) as c:
+        payloads = [r[0] for r in c.execute("SELECT payload->>'order' FROM outbox_messages")]
+    assert payloads == [str(kept)] * 3
+
+
+async def test_psycopg_async_outside_a_transaction_is_refused(db: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        with pytest.raises(NotInTransaction, match="not inside a transaction"):
+            await add(conn, *order_message(uuid.uuid4()))
+
+    assert stored(db) == (set(), set())
+
+
+def test_psycopg_sync_commits_rolls_back_and_refuses_autocommit(db: str) -> None:
+    kept, lost = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(db) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
+            add_sync(conn, *order_message(kept, 2))
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (%s, 'cake')", (lost,))
+            add_sync(conn, *order_message(lost))
+            raise RuntimeError("the use case failed")
+    with psycopg.connect(db, autocommit=True) as conn, pytest.raises(NotInTransaction):
+        add_sync(conn, *order_message(uuid.uuid4()))
+
+    assert stored(db) == ({kept}, {"orders.placed"})
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (2,)
+
+
+# -- SQLAlchemy ------------------------------------------------------------------------
+
+
+def _sa_url(db: str, driver: str) -> tuple[str, dict[str, Any]]:
+    """A SQLAlchemy URL for ``db`` with ``driver``, and connect_args for its search_path."""
+    from sqlalchemy.engine import URL
+
+    parts = conninfo_to_dict(db)
+    url = URL.create(
+        f"postgresql+{driver}",
+        username=parts.get("user"),
+        host=parts.get("host"),
+        port=int(parts["port"]) if parts.get("port") else None,
+        database=parts.get("dbname"),
+    )
+    options = parts.get("options") or ""
+    schema = options.split("search_path=")[1].split()[0] if "search_path=" in options else None
+    if driver == "asyncpg":
+        return url.render_as_string(), {"server_settings": {"search_path": schema or "public"}}
+    return url.render_as_string(), {"options": f"-c search_path={schema}"} if schema else {}
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_sqlalchemy_session_and_connection(db: str, driver: str) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.orm import Session
+
+    from outbox.sqlalchemy import add as sa_add
+
+    url, args = _sa_url(db, driver)
+    engine = create_engine(url, connect_args=args)
+    kept, lost, via_conn = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    try:
+        with Session(engine) as session, session.begin():
+            session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
+            sa_add(session, *order_message(kept, 2))
+        with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
+            session.execute(text("INSERT INTO orders VALUES (:id, 'cake')"), {"id": lost})
+            sa_add(session, *order_message(lost))
+            raise RuntimeError("the use case failed")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO orders VALUES (:id, 'jam')"), {"id": via_conn})
+            sa_add(conn, *order_message(via_conn))
+        with Session(engine) as session, pytest.raises(NotInTransaction):
+            sa_add(session, *order_message(uuid.uuid4()))
+        auto = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        with auto, pytest.raises(NotInTransaction):
+            auto.execute(text("SELECT 1"))
+            sa_add(auto, *order_message(uuid.uuid4()))
+    finally:
+        engine.dispose()
+
+    assert stored(db)[0] == {kept, via_conn}
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (3,)
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_sqlalchemy_async_session(db: str, driver: str) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from outbox.sqlalchemy import add_async
+
+    url, args = _sa_url(db, driver)
+    engine = create_async_engine(url, connect_args=args)
+    kept, lost = uuid.uuid4(), uuid.uuid4()
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
+            await add_async(session, *order_message(kept, 3))
+        with pytest.raises(RuntimeError):
+            async with AsyncSession(engine) as session, session.begin():
+                await session.execute(text("INSERT INTO orders VALUES (:id, 'cake')"), {"id": lost})
+                await add_async(session, *order_message(lost))
+                raise RuntimeError("the use case failed")
+        async with AsyncSession(engine) as session:
+            with pytest.raises(NotInTransaction):
+                await add_async(session, *order_message(uuid.uuid4()))
+        async with engine.connect() as auto:
+            auto = await auto.execution_options(isolation_level="AUTOCOMMIT")
+            await auto.execute(text("SELECT 1"))
+            with pytest.raises(NotInTransaction):
+                await add_async(auto, *order_message(uuid.uuid4()))
+    finally:
+        await engine.dispose()
+
+    assert stored(db)[0] == {kept}
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (3,)
+
+
+# -- Django -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def django_db(db: str) -> Iterator[Callable[[], Any]]:
+    """Django configured against ``db`` (no project, no server); its connection per test."""
+    import django
+    from django.conf import settings
+    from django.db import connections
+
+    parts = conninfo_to_dict(db)
+    options = parts.get("options") or ""
+    database = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.get("dbname"),
+        "USER": parts.get("user") or "",
+        "PASSWORD": parts.get("password") or "",
+        "HOST": parts.get("host") or "",
+        "PORT": parts.get("port") or "",
+        "OPTIONS": {"options": options} if options else {},
+    }
+    if not settings.configured:
+        settings.configure(
+            DATABASES={"default": database},
+            INSTALLED_APPS=["outbox.django"],
+            USE_TZ=True,
+        )
+        django.setup()
+    else:
+        connections["default"].close()
+        settings.DATABASES["default"].update(database)
+        connections["default"].settings_dict.update(database)
+    yield lambda: connections["default"]
+    connections["default"].close()
+
+
+def test_django_add_inside_atomic_only(django_db: Callable[[], Any], db: str) -> None:
+    from django.db import transaction
+
+    from outbox.django import add as django_add
+
+    kept, lost = uuid.uuid4(), uuid.uuid4()
+    connection = django_db()
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders VALUES (%s, 'tea')", [str(kept)])
+        django_add(*order_message(kept, 2))
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders VALUES (%s, 'cake')", [str(lost)])
+        django_add(*order_message(lost))
+        raise RuntimeError("the view failed")
+    with pytest.raises(NotInTransaction, match="Django's connection 'default'"):
+        django_add(*order_message(uuid.uuid4()))
+
+    assert stored(db)[0] == {kept}
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (2,)
+
+
+def test_django_migrate_creates_the_same_schema(
+    django_db: Callable[[], Any], pg_conninfo: str
+) -> None:
+    from django.core.management import call_command
+
+    from tests.integration.test_schema import schema_of
+
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        migrated = schema_of(conn)
+        conn.execute(
+            "DROP TABLE outbox_messages, outbox_topics, outbox_relays, outbox_unserved,"
+            " outbox_schema_migrations, orders"
+        )
+    call_command("migrate", "outbox", verbosity=0)
+
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        by_django = {k: v for k, v in schema_of(conn).items() if "django_migrations" not in k}
+    assert by_django == {k: v for k, v in migrated.items() if "orders" not in k}
