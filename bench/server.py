@@ -15,7 +15,7 @@ def postgres(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from outbox.embedded import EmbeddedPostgres
+    from outbox.service.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
         os.chmod(tmp, 0o755)  # as root, the server runs as its own user

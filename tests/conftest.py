@@ -20,8 +20,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from outbox.embedded import EmbeddedPostgres
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.service.embedded import EmbeddedPostgres
 
 
 @pytest.fixture(scope="session")

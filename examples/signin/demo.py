@@ -27,10 +27,10 @@ from prometheus_client import CollectorRegistry
 from examples.signin.schema import create_schema
 from examples.signin.usecases import request_email_change, request_login_link
 from outbox import Relay, RelayConfig, system_clock
-from outbox.embedded import EmbeddedPostgres
 from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, mail_handlers
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from outbox.settings import SmtpSettings
+from outbox.service.embedded import EmbeddedPostgres
+from outbox.service.settings import SmtpSettings
 
 __all__ = ["main"]
 

@@ -3,11 +3,16 @@
 Add a message in the same transaction as the change it announces; a relay
 delivers it at least once, retrying with backoff and burying what keeps
 failing. Handlers must make repeats harmless.
+
+``import outbox`` is light (what a producer needs: messages and errors); the
+relay and its configuration load on first use (the ``relay`` extra).
 """
 
 from __future__ import annotations
 
-from outbox import uow
+from typing import TYPE_CHECKING, Any
+
+from outbox.clock import Clock, system_clock
 from outbox.errors import (
     ConfigError,
     Dropped,
@@ -21,9 +26,12 @@ from outbox.errors import (
     StoreUnavailable,
 )
 from outbox.message import Message, new_message
-from outbox.relay import Clock, Handler, Relay, backoff, system_clock
-from outbox.settings import RelayConfig
 from outbox.store import Store, StoredMessage
+
+if TYPE_CHECKING:
+    from outbox import uow
+    from outbox.relay import Handler, Relay, backoff
+    from outbox.relay.config import RelayConfig
 
 __all__ = [
     "Clock",
@@ -48,3 +56,21 @@ __all__ = [
     "system_clock",
     "uow",
 ]
+
+_LAZY = {
+    "Handler": "outbox.relay",
+    "Relay": "outbox.relay",
+    "backoff": "outbox.relay",
+    "RelayConfig": "outbox.relay.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "uow":
+        return importlib.import_module("outbox.uow")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -20,7 +20,14 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as prom
 
 from outbox import __name__ as package
-from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, SmtpSettings, variables
+from outbox.service.settings import (
+    NatsSettings,
+    RelaySettings,
+    ServiceSettings,
+    SmtpSettings,
+    WebhookSettings,
+    variables,
+)
 from tests.chart.render import CHART, K8S, documents, plain_manifests, render
 from tests.tools import require
 from tests.unit.test_crd import valid as valid_outboxtopic
@@ -335,7 +342,10 @@ def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -
     assert env["OUTBOX_UNSERVED_GRACE"]["value"] == "15m"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     known = {
-        name for name, _, _ in variables(ServiceSettings, RelayConfig, SmtpSettings, NatsSettings)
+        name
+        for name, _, _ in variables(
+            ServiceSettings, RelaySettings, SmtpSettings, NatsSettings, WebhookSettings
+        )
     }
     assert {n for n in env if n.startswith("OUTBOX_")} <= known
     with pytest.raises(helm_python.HelmValuesError):

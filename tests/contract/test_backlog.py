@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from outbox import Store, new_message
-from outbox.backlog import Backlog
+from outbox.service.backlog import Backlog
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 

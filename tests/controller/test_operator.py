@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail import LOGIN_LINK
-from outbox.settings import NatsSettings
+from outbox.service.settings import NatsSettings
 from tests.controller.conftest import Cluster, eventually
 from tests.integration.test_nats import NatsServer
 from tests.integration.test_webhook import Receiver, serving

@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import kmock
 
-from outbox.embedded import EmbeddedPostgres
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail import LOGIN_LINK
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from outbox.settings import WebhookSettings
+from outbox.service.embedded import EmbeddedPostgres
+from outbox.service.settings import WebhookSettings
 from tests.controller.conftest import NS, RES, Cluster, eventually, operator
 
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, Store, new_message
 from outbox.handlers import HandlerKinds
-from outbox.settings import NatsSettings
+from outbox.service.settings import NatsSettings
 from outbox.store import TopicSettings
 
 T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)

@@ -44,7 +44,7 @@ def run_outbox(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``outbox ARGS`` to completion."""
     return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *args],
+        [sys.executable, "-m", "outbox.service.cli", *args],
         env=outbox_env(**settings),
         cwd=REPO,
         capture_output=True,
@@ -76,7 +76,7 @@ class RelayProcess:
         )
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "outbox.cli", "relay"],
+                [sys.executable, "-m", "outbox.service.cli", "relay"],
                 env=env,
                 cwd=REPO,
                 stdout=log,

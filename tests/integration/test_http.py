@@ -13,7 +13,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from outbox.http import ProbeServer
+from outbox.service.http import ProbeServer
 from tests.integration.process import REPO, free_port, outbox_env, wait_until
 
 
@@ -117,7 +117,7 @@ def test_a_crowd_of_idle_connections_beyond_the_file_limit_leaves_the_relay_runn
 
     log = (tmp_path / "relay.log").open("w")
     relay = subprocess.Popen(
-        [sys.executable, "-m", "outbox.cli", "relay"],
+        [sys.executable, "-m", "outbox.service.cli", "relay"],
         env=outbox_env(
             OUTBOX_DATA_DIR=str(tmp_path / "data"),
             OUTBOX_LOG_TOPICS="demo.hello",

@@ -23,7 +23,7 @@ from examples.signin.errors import EmailTaken, InvalidCode, InvalidToken, Unknow
 from outbox import NotFound, Relay, RelayConfig, backoff, new_message
 from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, mail_handlers
 from outbox.postgres import PostgresStore
-from outbox.settings import SmtpSettings
+from outbox.service.settings import SmtpSettings
 from tests.integration.smtp import PASSWORD, USER, Inbox, free_port, self_signed, smtp_server
 
 T0 = dt.datetime(2026, 5, 1, 9, 0, tzinfo=dt.UTC)

@@ -17,7 +17,7 @@ import pytest
 from outbox import Store, backoff
 from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
-from outbox.settings import NatsSettings
+from outbox.service.settings import NatsSettings
 from tests.integration.kinds import TOPIC, KindRelay
 from tests.integration.process import free_port
 

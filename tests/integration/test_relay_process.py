@@ -11,8 +11,8 @@ import anyio
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from outbox.embedded import EmbeddedPostgres
 from outbox.postgres import migrate
+from outbox.service.embedded import EmbeddedPostgres
 from tests.integration import recording
 from tests.integration.process import (
     RelayProcess,

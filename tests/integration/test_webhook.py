@@ -17,7 +17,7 @@ from aiohttp import web
 from outbox import NotFound, Store, backoff
 from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
-from outbox.settings import WebhookSettings
+from outbox.service.settings import WebhookSettings
 from outbox.store import TopicSettings
 from tests.integration.kinds import T0, TOPIC, KindRelay
 

@@ -17,7 +17,7 @@ def test_readme_settings_table_matches_the_settings_models() -> None:
     assert block is not None, "README lacks the settings block"
 
     generated = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "env", "--markdown"],
+        [sys.executable, "-m", "outbox.service.cli", "env", "--markdown"],
         capture_output=True,
         text=True,
         check=True,

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from outbox import logs
+from outbox.service import logs
 
 
 @pytest.mark.parametrize(

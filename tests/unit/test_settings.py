@@ -6,7 +6,6 @@ import pytest
 
 from outbox import ConfigError, RelayConfig, backoff
 from outbox.durations import format_duration, parse_duration
-from outbox.settings import load
 
 S = dt.timedelta(seconds=1)
 
@@ -55,7 +54,7 @@ def test_relay_config_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch
     for name in ("INTERVAL", "LEASE", "TIMEOUT", "BATCH", "MAX_ATTEMPTS"):
         monkeypatch.delenv(f"OUTBOX_{name}", raising=False)
 
-    c = load(RelayConfig)
+    c = RelayConfig.from_env()
 
     assert (c.interval, c.lease, c.timeout, c.batch, c.max_attempts) == (
         S,
@@ -73,7 +72,7 @@ def test_relay_config_reads_outbox_variables(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("OUTBOX_BATCH", "100")
     monkeypatch.setenv("OUTBOX_MAX_ATTEMPTS", "3")
 
-    c = load(RelayConfig)
+    c = RelayConfig.from_env()
 
     assert c.interval == dt.timedelta(milliseconds=250)
     assert c.lease == 90 * S
@@ -99,7 +98,7 @@ def test_bad_values_name_their_variable(
     monkeypatch.setenv(variable, value)
 
     with pytest.raises(ConfigError) as info:
-        load(RelayConfig)
+        RelayConfig.from_env()
 
     assert info.value.variable == variable
     assert str(info.value).startswith(f"{variable}: ")
@@ -109,3 +108,19 @@ def test_bad_values_name_their_variable(
 def test_lease_must_outlast_timeout_in_code_too() -> None:
     with pytest.raises(ValueError, match="must outlast OUTBOX_TIMEOUT"):
         RelayConfig.model_validate({"lease": "30s", "timeout": "30s"})
+
+
+def test_a_config_built_in_code_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OUTBOX_BATCH", "77")
+    monkeypatch.setenv("OUTBOX_LEASE", "not a duration")
+
+    built = RelayConfig(batch=50)
+
+    assert built.batch == 50
+    assert built.lease == dt.timedelta(minutes=2)
+    assert RelayConfig().batch == 10
+    with pytest.raises(ConfigError, match=r"^OUTBOX_LEASE: "):
+        RelayConfig.from_env()
+    monkeypatch.delenv("OUTBOX_LEASE")
+    assert RelayConfig.from_env().batch == 77
+    assert RelayConfig.from_env(batch=5).batch == 5

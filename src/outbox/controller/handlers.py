@@ -28,9 +28,9 @@ from outbox.controller.reconcile import (
 from outbox.errors import StoreUnavailable
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail.topics import TOPICS
-from outbox.http import ProbeServer
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
+from outbox.service.http import ProbeServer
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "ControllerConfig", "build_registry"]
 

@@ -16,7 +16,7 @@ from outbox.handlers.webhook import WebhookKind
 from outbox.message import Message
 from outbox.relay import Clock, system_clock
 from outbox.relay.routing import Handler, HandlerKind
-from outbox.settings import NatsSettings, WebhookSettings
+from outbox.service.settings import NatsSettings, WebhookSettings
 
 __all__ = ["HandlerKinds", "log_handler"]
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from outbox.handlers.config import parse_config
 from outbox.message import Message
 from outbox.relay.routing import Handler
-from outbox.settings import NatsSettings
+from outbox.service.settings import NatsSettings
 
 __all__ = ["NatsConfig", "NatsKind"]
 

@@ -37,12 +37,12 @@ from outbox.clock import Clock, system_clock
 from outbox.durations import format_duration
 from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable
 from outbox.message import validate_topic
-from outbox.metrics import RelayMetrics
 from outbox.relay.backoff import backoff
+from outbox.relay.config import RelayConfig
 from outbox.relay.fleet import Fleet
+from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
 from outbox.relay.settle import Held, Settler
-from outbox.settings import RelayConfig
 from outbox.store import Claimed, Store
 
 __all__ = ["Relay"]
@@ -79,7 +79,7 @@ class Relay:
             validate_topic(topic)
         self.store = store
         # model_validate skips the environment: RelayConfig's defaults unless
-        # the caller loaded one (outbox.settings.load(RelayConfig)).
+        # the caller loaded one (outbox.service.settings.load(RelayConfig)).
         self.config = cfg = config if config is not None else RelayConfig.model_validate({})
         self.clock = clock
         self._local = clock or system_clock

@@ -23,9 +23,9 @@ from typing import Any
 
 from outbox.clock import Clock
 from outbox.durations import format_duration
-from outbox.metrics import RelayMetrics
+from outbox.relay.config import RelayConfig
+from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Router
-from outbox.settings import RelayConfig
 from outbox.store import RelayInfo, Store
 
 __all__ = ["Fleet", "version"]

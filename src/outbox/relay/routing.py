@@ -30,7 +30,7 @@ import anyio
 import anyio.to_thread
 
 from outbox.message import Message
-from outbox.settings import RelayConfig
+from outbox.relay.config import RelayConfig
 from outbox.store import TopicSettings
 
 __all__ = ["THREADS", "Handler", "HandlerKind", "Route", "Router", "Threads", "as_async"]

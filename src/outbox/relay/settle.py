@@ -30,7 +30,7 @@ import anyio
 from outbox.durations import format_duration
 from outbox.errors import StoreUnavailable
 from outbox.message import Message
-from outbox.metrics import RelayMetrics
+from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Route
 from outbox.store import Store
 

@@ -134,7 +134,7 @@ class RelayMetrics:
 
 
 class BacklogMetrics:
-    """Gauges of the backlog per topic, refreshed by outbox.backlog."""
+    """Gauges of the backlog per topic, refreshed by outbox.service.backlog."""
 
     buried: Gauge
     pending: Gauge

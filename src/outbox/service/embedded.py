@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EmbeddedPostgres", "NotInstalled"]
 
-log = logging.getLogger("outbox.embedded")
+log = logging.getLogger("outbox.service.embedded")
 
 
 class NotInstalled(RuntimeError):

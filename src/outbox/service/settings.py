@@ -14,17 +14,15 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     BeforeValidator,
     Field,
-    PlainSerializer,
     SecretStr,
     ValidationError,
-    ValidationInfo,
-    field_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.durations import format_duration, parse_duration
+from outbox.durations import format_duration
 from outbox.errors import ConfigError
 from outbox.message import validate_topic
+from outbox.relay.config import Duration, RelayConfig
 
 __all__ = [
     "ENV_PREFIX",
@@ -32,6 +30,7 @@ __all__ = [
     "Duration",
     "NatsSettings",
     "RelayConfig",
+    "RelaySettings",
     "ServiceSettings",
     "SmtpSettings",
     "WebhookSettings",
@@ -42,80 +41,11 @@ __all__ = [
 
 ENV_PREFIX = "OUTBOX_"
 
-Duration = Annotated[
-    dt.timedelta,
-    BeforeValidator(parse_duration),
-    PlainSerializer(format_duration, return_type=str),
-]
-"""A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds."""
 
-
-class RelayConfig(BaseSettings):
-    """Tunes a Relay. Each field is read from OUTBOX_<NAME>."""
+class RelaySettings(BaseSettings, RelayConfig):
+    """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
-
-    interval: Duration = Field(
-        default=dt.timedelta(seconds=1),
-        gt=dt.timedelta(0),
-        description="Wait between outbox polls once no message is due.",
-    )
-    timeout: Duration = Field(
-        default=dt.timedelta(seconds=30),
-        gt=dt.timedelta(0),
-        description="Longest one delivery may take.",
-    )
-    lease: Duration = Field(
-        default=dt.timedelta(minutes=2),
-        gt=dt.timedelta(0),
-        description="How long a claimed message stays claimed; must outlast the timeout.",
-    )
-    batch: int = Field(default=10, ge=1, le=10_000, description="Messages claimed per poll.")
-    max_attempts: int = Field(
-        default=8, ge=1, le=1_000, description="Deliveries tried before a message is buried."
-    )
-    concurrency: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description=(
-            "Most deliveries one relay keeps in flight; it claims more as they finish. "
-            "Unset: 4 x OUTBOX_BATCH."
-        ),
-    )
-    max_in_flight: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description=(
-            "Most deliveries of one topic in flight in one relay (a topic's maxInFlight "
-            "overrides it). Unset: no cap below OUTBOX_CONCURRENCY."
-        ),
-    )
-    unserved_grace: Duration = Field(
-        default=dt.timedelta(minutes=10),
-        gt=dt.timedelta(0),
-        description=(
-            "How long a topic no live relay serves waits before its messages are buried "
-            "with 'no handler' (covers rolling deploys)."
-        ),
-    )
-
-    @property
-    def slots(self) -> int:
-        """OUTBOX_CONCURRENCY, or its default: four batches."""
-        return self.concurrency or 4 * self.batch
-
-    @field_validator("lease")
-    @classmethod
-    def _lease_outlasts_timeout(cls, lease: dt.timedelta, info: ValidationInfo) -> dt.timedelta:
-        timeout = info.data.get("timeout")
-        if timeout is not None and lease <= timeout:
-            raise ValueError(
-                f"must outlast OUTBOX_TIMEOUT ({format_duration(timeout)}), or a slow "
-                f"delivery can overlap its own retry; got {format_duration(lease)}"
-            )
-        return lease
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -21,17 +21,18 @@ import anyio
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from outbox import admin, logs
 from outbox.durations import parse_duration
 from outbox.errors import ConfigError, NotFound, OutboxError
 from outbox.handlers import HandlerKinds, log_handler
 from outbox.message import validate_topic
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Handler, system_clock
-from outbox.settings import (
+from outbox.service import admin, logs
+from outbox.service.settings import (
     ControllerSettings,
     NatsSettings,
     RelayConfig,
+    RelaySettings,
     ServiceSettings,
     SmtpSettings,
     WebhookSettings,
@@ -42,7 +43,7 @@ from outbox.settings import (
 
 __all__ = ["main"]
 
-log = logging.getLogger("outbox.cli")
+log = logging.getLogger("outbox.service.cli")
 
 _DATABASE = ("OUTBOX_DATABASE_URL", "OUTBOX_DATA_DIR")
 _LOGS = ("OUTBOX_LOG_LEVEL", "OUTBOX_LOG_FORMAT")
@@ -86,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
             78,
         ),
         epilog=_settings_help(
-            ServiceSettings, RelayConfig, SmtpSettings, NatsSettings, WebhookSettings
+            ServiceSettings, RelaySettings, SmtpSettings, NatsSettings, WebhookSettings
         ),
         formatter_class=formatter,
     )
@@ -119,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog=_settings_help(
             ServiceSettings,
-            RelayConfig,
+            RelaySettings,
             ControllerSettings,
             only=(
                 *_DATABASE,
@@ -295,7 +296,7 @@ def _topics_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> No
             "the controller writes it from OutboxTopic resources; these commands are for "
             "everywhere else."
         ),
-        epilog=_settings_help(ServiceSettings, RelayConfig, only=(*_DATABASE, "OUTBOX_LEASE")),
+        epilog=_settings_help(ServiceSettings, RelaySettings, only=(*_DATABASE, "OUTBOX_LEASE")),
         formatter_class=formatter,
     )
     actions = topics.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -350,7 +351,7 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 
 def _topics_set(args: argparse.Namespace) -> int:
-    lease = load(RelayConfig).lease
+    lease = RelayConfig.from_env().lease
     return _with_store(
         lambda store: admin.topics_set(
             store,
@@ -386,7 +387,7 @@ def _with_store(
     An operator's command never starts an empty database by surprise: "no buried
     messages" from a database the relays do not use would be a false all-clear.
     """
-    from outbox.service import database
+    from outbox.service.process import database
 
     settings = load(ServiceSettings)
     if settings.database_url is None and not args.embedded:
@@ -456,10 +457,10 @@ def _service_settings() -> ServiceSettings:
 
 
 def _relay(args: argparse.Namespace) -> int:
-    from outbox.service import run_relay
+    from outbox.service.process import run_relay
 
     settings = _service_settings()
-    config = load(RelayConfig)
+    config = RelayConfig.from_env()
     handlers = _handlers(settings)
     anyio.run(run_relay, settings, config, handlers)
     return 0
@@ -467,7 +468,7 @@ def _relay(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     from outbox.postgres import migrate, migrations_sql
-    from outbox.service import database
+    from outbox.service.process import database
 
     if args.sql:
         sys.stdout.write(migrations_sql())
@@ -488,10 +489,10 @@ def _controller(args: argparse.Namespace) -> int:
     import os
 
     from outbox.controller import ControllerConfig, run
-    from outbox.service import database
+    from outbox.service.process import database
 
     settings = _service_settings()
-    lease = load(RelayConfig).lease
+    lease = RelayConfig.from_env().lease
     own = load(ControllerSettings)
     namespace = os.environ.get("POD_NAMESPACE", "")
     if not args.all_namespaces and not namespace:
@@ -524,7 +525,7 @@ def _controller(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     rows = variables(
         ServiceSettings,
-        RelayConfig,
+        RelaySettings,
         SmtpSettings,
         NatsSettings,
         WebhookSettings,
@@ -600,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, ConfigError | NotFound):
             print(f"{prog}: {str(exc).removeprefix('outbox: ')}", file=sys.stderr)
             return 2
-        from outbox.service import ForcedExit
+        from outbox.service.process import ForcedExit
 
         if isinstance(exc, ForcedExit):
             print(f"{prog}: {exc}", file=sys.stderr)

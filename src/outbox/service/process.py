@@ -18,16 +18,22 @@ import anyio
 import anyio.abc
 import psycopg
 
-from outbox.backlog import Backlog
 from outbox.durations import format_duration
-from outbox.embedded import EmbeddedPostgres, NotInstalled
 from outbox.errors import OutboxError
 from outbox.handlers import HandlerKinds
-from outbox.http import ProbeServer
-from outbox.logs import redact
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
-from outbox.settings import NatsSettings, RelayConfig, ServiceSettings, WebhookSettings, load
+from outbox.service.backlog import Backlog
+from outbox.service.embedded import EmbeddedPostgres, NotInstalled
+from outbox.service.http import ProbeServer
+from outbox.service.logs import redact
+from outbox.service.settings import (
+    NatsSettings,
+    RelayConfig,
+    ServiceSettings,
+    WebhookSettings,
+    load,
+)
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
 

@@ -14,13 +14,13 @@ from typing import Any
 import anyio
 from prometheus_client import CollectorRegistry
 
-from outbox.metrics import BacklogMetrics
 from outbox.relay import Clock, system_clock
+from outbox.relay.metrics import BacklogMetrics
 from outbox.store import Store
 
 __all__ = ["Backlog"]
 
-log = logging.getLogger("outbox.backlog")
+log = logging.getLogger("outbox.service.backlog")
 
 
 class Backlog:

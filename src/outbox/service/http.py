@@ -19,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 __all__ = ["ProbeServer"]
 
-log = logging.getLogger("outbox.http")
+log = logging.getLogger("outbox.service.http")
 
 # Idle keep-alive connections are closed after this long: probes and scrapes
 # reconnect cheaply, a crowd of idle clients gives its descriptors back.

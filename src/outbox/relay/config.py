@@ -1,0 +1,112 @@
+"""The relay's tunables: interval, timeout, lease, batch, concurrency, attempts, the grace.
+
+Durations are ``timedelta`` here; strings like ``250ms`` or ``1m30s`` are
+parsed at this edge only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    field_validator,
+)
+
+from outbox.durations import format_duration, parse_duration
+
+__all__ = ["Duration", "RelayConfig"]
+
+Duration = Annotated[
+    dt.timedelta,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+]
+"""A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds."""
+
+
+class RelayConfig(BaseModel):
+    """Tunes a Relay.
+
+    Built in code, it takes its arguments and the defaults, never the
+    environment: ``RelayConfig(batch=50)`` in an application means batch 50
+    whatever OUTBOX_BATCH says. ``RelayConfig.from_env()`` (what `outbox relay`
+    runs with) reads OUTBOX_<NAME> and raises ConfigError naming the variable.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval: Duration = Field(
+        default=dt.timedelta(seconds=1),
+        gt=dt.timedelta(0),
+        description="Wait between outbox polls once no message is due.",
+    )
+    timeout: Duration = Field(
+        default=dt.timedelta(seconds=30),
+        gt=dt.timedelta(0),
+        description="Longest one delivery may take.",
+    )
+    lease: Duration = Field(
+        default=dt.timedelta(minutes=2),
+        gt=dt.timedelta(0),
+        description="How long a claimed message stays claimed; must outlast the timeout.",
+    )
+    batch: int = Field(default=10, ge=1, le=10_000, description="Messages claimed per poll.")
+    max_attempts: int = Field(
+        default=8, ge=1, le=1_000, description="Deliveries tried before a message is buried."
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description=(
+            "Most deliveries one relay keeps in flight; it claims more as they finish. "
+            "Unset: 4 x OUTBOX_BATCH."
+        ),
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description=(
+            "Most deliveries of one topic in flight in one relay (a topic's maxInFlight "
+            "overrides it). Unset: no cap below OUTBOX_CONCURRENCY."
+        ),
+    )
+    unserved_grace: Duration = Field(
+        default=dt.timedelta(minutes=10),
+        gt=dt.timedelta(0),
+        description=(
+            "How long a topic no live relay serves waits before its messages are buried "
+            "with 'no handler' (covers rolling deploys)."
+        ),
+    )
+
+    @property
+    def slots(self) -> int:
+        """OUTBOX_CONCURRENCY, or its default: four batches."""
+        return self.concurrency or 4 * self.batch
+
+    @field_validator("lease")
+    @classmethod
+    def _lease_outlasts_timeout(cls, lease: dt.timedelta, info: ValidationInfo) -> dt.timedelta:
+        timeout = info.data.get("timeout")
+        if timeout is not None and lease <= timeout:
+            raise ValueError(
+                f"must outlast OUTBOX_TIMEOUT ({format_duration(timeout)}), or a slow "
+                f"delivery can overlap its own retry; got {format_duration(lease)}"
+            )
+        return lease
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RelayConfig:
+        """The configuration OUTBOX_* sets (``overrides`` win); ConfigError names a bad one."""
+        from outbox.service.settings import RelaySettings, load
+
+        return cls.model_validate(load(RelaySettings, **overrides).model_dump())
