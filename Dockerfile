@@ -18,8 +18,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /dist/*.whl /tmp/
-# The wheel without extras: no embedded PostgreSQL (pods use OUTBOX_DATABASE_URL).
-RUN pip install --no-cache-dir /tmp/*.whl \
+# What the image runs (relays with every handler kind, the controller, psycopg's
+# binary build) and no embedded PostgreSQL: pods use OUTBOX_DATABASE_URL.
+RUN pip install --no-cache-dir "$(ls /tmp/*.whl)[relay,mail,webhook,nats,k8s,binary]" \
     && rm -f /tmp/*.whl \
     && groupadd --system --gid 10001 outbox \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin outbox

@@ -28,7 +28,11 @@ from outbox.uow import UnitOfWork
 
 __all__ = [
     "Claimed",
+    "Operator",
+    "Producer",
+    "Registry",
     "RelayInfo",
+    "RelayStore",
     "Store",
     "StoredMessage",
     "TopicSettings",
@@ -38,6 +42,7 @@ __all__ = [
 ]
 
 Tx = TypeVar("Tx")
+Tx_contra = TypeVar("Tx_contra", contravariant=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,22 +127,16 @@ class Claimed(list[Message]):
     orphans: int = 0
 
 
-class Store(UnitOfWork[Tx], Protocol[Tx]):
-    """Keeps messages until they are delivered.
+class Producer(Protocol[Tx_contra]):
+    """What an application needs to add messages in its own transactions."""
 
-    Grouped by who calls what: producers (``begin``, ``add``), relays
-    (``claim`` and the batch write-backs, the fleet methods), operators
-    (``get``, ``retry``/``bury`` on bare ids, the buried-message methods) and
-    the registry (``topics``, ``set_topic``, ``delete_topic``).
-    """
-
-    # -- producers ---------------------------------------------------------
-
-    async def add(self, tx: Tx, /, *msgs: Message) -> None:
+    async def add(self, tx: Tx_contra, /, *msgs: Message) -> None:
         """Store ``msgs`` as part of ``tx``. Each becomes due at its ``created_at``."""
         ...
 
-    # -- relays ------------------------------------------------------------
+
+class RelayStore(Protocol):
+    """What a relay needs: claims, fenced write-backs, the fleet table, the registry."""
 
     async def claim(
         self,
@@ -228,7 +227,13 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         """
         ...
 
-    # -- operators ---------------------------------------------------------
+    async def topics(self) -> dict[str, TopicSettings]:
+        """The topic registry, by topic."""
+        ...
+
+
+class Operator(Protocol):
+    """What an operator's tools need: inspect, requeue and purge; the backlog."""
 
     async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
         """End the lease and make the message due again at ``at``, keeping ``reason``.
@@ -289,7 +294,13 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
         """Backlog per topic, in topic order."""
         ...
 
-    # -- the topic registry ------------------------------------------------
+    async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
+        """The live relays, oldest first."""
+        ...
+
+
+class Registry(Protocol):
+    """What the controller and `outbox topics` need: the topic registry."""
 
     async def topics(self) -> dict[str, TopicSettings]:
         """The topic registry, by topic."""
@@ -314,6 +325,16 @@ class Store(UnitOfWork[Tx], Protocol[Tx]):
     async def delete_topic(self, topic: str) -> bool:
         """Remove a topic's entry; return whether there was one."""
         ...
+
+
+class Store(UnitOfWork[Tx], Producer[Tx], RelayStore, Operator, Registry, Protocol[Tx]):
+    """Keeps messages until they are delivered: every role's part, on one backend.
+
+    An application type-checks against the small part it uses (Producer for
+    code that only adds messages; RelayStore, Operator, Registry for the
+    rest); the backends implement all of it and tests/contract proves they
+    agree.
+    """
 
 
 def check_claim(lease: dt.timedelta, limit: int) -> None:

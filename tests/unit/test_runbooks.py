@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.service.cli import _parser
+from outbox.service.cli.commands import _parser
 
 RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
 FILLERS = {

@@ -12,7 +12,6 @@ import logging
 import secrets
 from typing import Any
 
-import anyio
 import kopf
 import psycopg
 from prometheus_client import Counter
@@ -30,7 +29,6 @@ from outbox.handlers import HandlerKinds
 from outbox.handlers.mail.topics import TOPICS
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.relay import Clock, HandlerKind, system_clock
-from outbox.service.http import ProbeServer
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "ControllerConfig", "build_registry"]
 
@@ -214,10 +212,6 @@ def _outcome_of(status: dict[str, Any]) -> str:
     return "conflict" if ready["reason"] == "Conflict" else "invalid"
 
 
-async def _ready() -> bool:
-    return True
-
-
 def _created(meta: kopf.Meta) -> dt.datetime | None:
     stamp = meta.get("creationTimestamp")
     if not stamp:
@@ -245,7 +239,6 @@ async def run(
     health_port: int | None = None,
     stop_flag: Any = None,
     priority: int = 0,
-    metrics_port: int | None = None,
 ) -> None:
     """Run the operator until stopped (SIGTERM/SIGINT, or ``stop_flag``).
 
@@ -256,20 +249,14 @@ async def run(
     if peering is not None and priority == 0:
         priority = 1 + secrets.randbelow(2**31 - 2)
         log.info("peering %s with priority %d", peering, priority)
-    async with anyio.create_task_group() as tg:
-        if metrics_port is not None:
-            # /metrics for Prometheus: its `up` is what the controller-absent alert reads.
-            probes = ProbeServer("0.0.0.0", metrics_port, alive=lambda: True, ready=_ready)
-            await tg.start(probes.serve)
-        await kopf.operator(
-            registry=build_registry(config),
-            settings=operator_settings(),
-            clusterwide=clusterwide,
-            namespaces=[] if clusterwide else namespaces,
-            standalone=peering is None,
-            peering_name=peering,
-            priority=priority,
-            stop_flag=stop_flag,
-            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
-        )
-        tg.cancel_scope.cancel()
+    await kopf.operator(
+        registry=build_registry(config),
+        settings=operator_settings(),
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        stop_flag=stop_flag,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+    )

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from outbox.handlers.jetstream import NatsKind
+from outbox.handlers.settings import NatsSettings, WebhookSettings
 from outbox.handlers.webhook import WebhookKind
 from outbox.message import Message
 from outbox.relay import Clock, system_clock
 from outbox.relay.routing import Handler, HandlerKind
-from outbox.service.settings import NatsSettings, WebhookSettings
 
 __all__ = ["HandlerKinds", "log_handler"]
 

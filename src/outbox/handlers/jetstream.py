@@ -20,9 +20,9 @@ from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.handlers.config import parse_config
+from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
 from outbox.relay.routing import Handler
-from outbox.service.settings import NatsSettings
 
 __all__ = ["NatsConfig", "NatsKind"]
 

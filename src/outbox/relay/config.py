@@ -7,7 +7,7 @@ parsed at this edge only.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -15,13 +15,18 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.durations import format_duration, parse_duration
+from outbox.errors import ConfigError
 
-__all__ = ["Duration", "RelayConfig"]
+__all__ = ["ENV_PREFIX", "Duration", "RelayConfig", "RelaySettings", "config_error", "load"]
+
+ENV_PREFIX = "OUTBOX_"
 
 Duration = Annotated[
     dt.timedelta,
@@ -107,6 +112,31 @@ class RelayConfig(BaseModel):
     @classmethod
     def from_env(cls, **overrides: Any) -> RelayConfig:
         """The configuration OUTBOX_* sets (``overrides`` win); ConfigError names a bad one."""
-        from outbox.service.settings import RelaySettings, load
-
         return cls.model_validate(load(RelaySettings, **overrides).model_dump())
+
+
+class RelaySettings(BaseSettings, RelayConfig):
+    """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load(cls: type[S], **overrides: Any) -> S:
+    """Build ``cls`` from the environment; raise ConfigError naming the bad variable."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise config_error(cls, exc) from None
+
+
+def config_error(cls: type[BaseSettings], exc: ValidationError) -> ConfigError:
+    """The first problem of ``exc`` as a ConfigError that names its variable."""
+    err = exc.errors(include_url=False, include_input=False)[0]
+    prefix = cls.model_config.get("env_prefix", "")
+    field = str(err["loc"][0]) if err["loc"] else ""
+    variable = f"{prefix}{field}".upper() if field else prefix.rstrip("_") or cls.__name__
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return ConfigError(variable, message)

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ValidationError
 
 from outbox.errors import Dropped, Permanent
 from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
+from outbox.handlers.settings import SmtpSettings
 from outbox.message import Message
 from outbox.relay import Clock, Handler, system_clock
-from outbox.service.settings import SmtpSettings
 
 __all__ = ["SmtpSender", "compose_email_change", "compose_login_link", "mail_handlers"]
 

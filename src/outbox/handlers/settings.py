@@ -1,0 +1,112 @@
+"""The handler kinds' own settings (OUTBOX_SMTP_*, OUTBOX_NATS_*, OUTBOX_WEBHOOK_*)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from outbox.relay.config import ENV_PREFIX, Duration
+
+__all__ = ["NatsSettings", "SmtpSettings", "WebhookSettings", "lower"]
+
+
+def lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+class SmtpSettings(BaseSettings):
+    """Where the mail handlers send email. Mail is enabled when OUTBOX_SMTP_HOST is set."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}SMTP_", extra="ignore", frozen=True)
+
+    host: str | None = Field(
+        default=None, description="SMTP server; set it to enable the mail handlers."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="SMTP port. Default: 25 without TLS, 587 for starttls, 465 for tls.",
+    )
+    username: str | None = Field(default=None, description="SMTP user, if the server wants AUTH.")
+    password: SecretStr | None = Field(default=None, description="SMTP password (a secret).")
+    tls: Annotated[Literal["none", "starttls", "tls"], BeforeValidator(lower)] = Field(
+        default="starttls",
+        description="none, starttls (upgrade a plain connection) or tls (implicit TLS).",
+    )
+    ca_file: Path | None = Field(
+        default=None, description="PEM file of extra CAs to trust for the server's certificate."
+    )
+    from_address: str = Field(
+        default="outbox@localhost",
+        pattern=r"^[^\s@<>]+@[^\s@<>]+$",
+        description="Sender address of every email.",
+    )
+    message_id_domain: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9.-]+$",
+        description="Domain of Message-IDs (<message-id@domain>). Default: the sender's.",
+    )
+    timeout: Duration = Field(
+        default=dt.timedelta(seconds=20),
+        gt=dt.timedelta(0),
+        description="Longest wait for the SMTP server at each step.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.host)
+
+    def effective_port(self) -> int:
+        if self.port is not None:
+            return self.port
+        return {"none": 25, "starttls": 587, "tls": 465}[self.tls]
+
+    def domain(self) -> str:
+        return self.message_id_domain or self.from_address.rpartition("@")[2]
+
+
+class NatsSettings(BaseSettings):
+    """The NATS servers the nats handler publishes to (prefix OUTBOX_NATS_)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}NATS_", extra="ignore", frozen=True)
+
+    url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL(s), comma-separated; the client reconnects among them.",
+    )
+    user: str | None = Field(default=None, description="NATS user, with OUTBOX_NATS_PASSWORD.")
+    password: SecretStr | None = Field(default=None, description="NATS password (a secret).")
+    token: SecretStr | None = Field(default=None, description="NATS token (a secret).")
+    creds_file: Path | None = Field(default=None, description="NATS credentials file (JWT/NKey).")
+    connect_timeout: Duration = Field(
+        default=dt.timedelta(seconds=2),
+        gt=dt.timedelta(0),
+        description="Longest wait for one connection attempt.",
+    )
+
+    def servers(self) -> list[str]:
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+
+class WebhookSettings(BaseSettings):
+    """Where webhook topics may send (prefix OUTBOX_WEBHOOK_); relays and controller read it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=f"{ENV_PREFIX}WEBHOOK_", extra="ignore", frozen=True
+    )
+
+    allow: str = Field(
+        default="",
+        description=(
+            "Comma-separated URL prefixes webhook topics may POST to (like "
+            "https://billing.internal/); empty: any URL."
+        ),
+    )
+
+    def prefixes(self) -> list[str]:
+        return [p.strip() for p in self.allow.split(",") if p.strip()]

