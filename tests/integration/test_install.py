@@ -66,9 +66,8 @@ def test_the_core_install_brings_no_extra(tmp_path: Path) -> None:
         [str(env_dir / "bin" / "outbox"), "relay"], capture_output=True, text=True, check=False
     )
     assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
-        "outbox relay: install outbox-relay[relay] (the anyio module is missing)"
-    ]
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("outbox relay: install outbox-relay[relay] (the "), line
 
 
 @pytest.mark.parametrize(

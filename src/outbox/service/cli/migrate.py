@@ -1,0 +1,59 @@
+"""`outbox migrate`: apply the schema, or print it (--sql) for your own migrations."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import anyio
+
+from outbox.service.cli.common import (
+    DATABASE,
+    LOGS,
+    service_settings,
+    settings_help,
+)
+from outbox.service.settings import ServiceSettings
+
+log = logging.getLogger("outbox.service.cli")
+
+
+def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    """Add the command to ``commands``."""
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the outbox schema, then exit",
+        description=(
+            "Apply the schema migrations the database lacks. Safe from several pods. "
+            "--sql prints every migration's DDL instead, for Alembic or Django migrations to own."
+        ),
+        epilog=settings_help(ServiceSettings, only=DATABASE + LOGS),
+        formatter_class=formatter,
+    )
+    migrate.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the DDL of every migration in order (idempotent) without connecting",
+    )
+    migrate.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from outbox.postgres import migrate, migrations_sql
+    from outbox.service.process import database
+
+    if args.sql:
+        sys.stdout.write(migrations_sql())
+        return 0
+
+    settings = service_settings()
+
+    async def run() -> list[int]:
+        async with database(settings, migrate_embedded=False) as url:
+            return await migrate(url)
+
+    applied = anyio.run(run)
+    log.info("schema up to date; applied %s", applied or "nothing")
+    return 0
