@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
@@ -382,3 +383,33 @@ async def test_loop_reports_alive_while_it_polls(store: Store[Any]) -> None:
         await run_until(f.relay, delivered, f.relay.stop)
 
     assert f.relay.alive()
+
+
+async def test_a_message_is_not_delivered_before_its_deliver_at(f: Fixture) -> None:
+    m = new_message("mail", {"n": 1}, f.now, deliver_at=f.now + dt.timedelta(minutes=5))
+    async with f.store.begin() as tx:
+        await f.store.add(tx, m)
+
+    assert await f.drain() == 0
+    f.now += dt.timedelta(minutes=5)
+    assert await f.drain() == 1
+    assert f.metric("outbox_delivered_total") == 1
+
+
+async def test_a_payload_that_does_not_fit_its_model_is_buried_with_the_reason(f: Fixture) -> None:
+    @dataclasses.dataclass
+    class Welcome:
+        to: str
+
+    async def handle(m: Message) -> None:
+        m.decode(Welcome)
+
+    f.handle = handle
+    m = await f.add(recipient="ana@example.com")
+
+    await f.drain()
+
+    state = await f.store.get(m.id)
+    assert state.buried_at is not None
+    assert (state.last_error or "").startswith("permanent: payload of mail does not fit Welcome")
+    assert state.message.attempts == 1

@@ -260,3 +260,23 @@ def test_django_migrate_creates_the_same_schema(
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         by_django = {k: v for k, v in schema_of(conn).items() if "django_migrations" not in k}
     assert by_django == {k: v for k, v in migrated.items() if "orders" not in k}
+
+
+class Counting(psycopg.Connection[Any]):
+    """A real connection that counts the statements it sends."""
+
+    sent = 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).sent += 1
+        return super().execute(*args, **kwargs)
+
+
+def test_many_messages_are_one_statement(db: str) -> None:
+    with Counting.connect(db) as conn, conn.transaction():
+        Counting.sent = 0
+        add_sync(conn, *order_message(uuid.uuid4(), 200))
+
+        assert Counting.sent == 1
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (200,)

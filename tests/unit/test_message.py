@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from pydantic import BaseModel
 
-from outbox import EncodeError, Message, new_message
+from outbox import EncodeError, Message, PayloadMismatch, Permanent, new_message
 
 NOW = dt.datetime(2026, 3, 4, 5, 6, 7, 891234, tzinfo=dt.UTC)
 
@@ -109,3 +109,72 @@ def test_message_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.attempts = 3  # type: ignore[misc]
     assert isinstance(m, Message)
+
+
+def test_now_defaults_to_the_current_time_in_utc() -> None:
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    m = new_message("orders.placed", {"n": 1})
+    assert before <= m.created_at <= dt.datetime.now(dt.UTC)
+    assert m.created_at.tzinfo == dt.UTC
+    assert m.deliver_at is None
+
+
+def test_deliver_at_is_kept_in_utc_and_must_be_aware() -> None:
+    later = dt.datetime(2026, 6, 1, 12, 0, 0, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    m = new_message("orders.placed", {}, deliver_at=later)
+    assert m.deliver_at == dt.datetime(2026, 6, 1, 10, 0, 0, 123000, tzinfo=dt.UTC)
+    with pytest.raises(ValueError, match="deliver_at must be timezone-aware"):
+        new_message("orders.placed", {}, deliver_at=dt.datetime(2026, 6, 1))
+
+
+@pytest.mark.parametrize(
+    ("payload", "complaint"),
+    [
+        ({"note": "a\x00b"}, "NUL"),
+        ({"a\x00": 1}, "NUL"),
+        (["ok", {"deep": ["x\x00"]}], "NUL"),
+        ({1: "a", "1": "b"}, "key '1' appears twice"),
+        ({"n": float("nan")}, "NaN|Out of range"),
+    ],
+)
+def test_what_would_break_later_is_refused_now(payload: object, complaint: str) -> None:
+    with pytest.raises(EncodeError, match=complaint):
+        new_message("orders.placed", payload)
+
+
+class Order(BaseModel):
+    order: uuid.UUID
+    total: Decimal
+    at: dt.datetime
+
+
+@dataclasses.dataclass
+class Ping:
+    n: int
+    note: str = ""
+
+
+def test_decode_gives_typed_payloads() -> None:
+    order = Order(
+        order=uuid.uuid4(), total=Decimal("9.50"), at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    )
+    assert new_message("orders.placed", order).decode(Order) == order
+    assert new_message("ping", Ping(3, "x")).decode(Ping) == Ping(3, "x")
+
+
+@pytest.mark.parametrize(
+    ("payload", "model"),
+    [
+        ({"order": "not-a-uuid", "total": 1, "at": "2026-01-01T00:00:00Z"}, Order),
+        ([1, 2], Ping),
+        ({"m": 1}, Ping),
+    ],
+)
+def test_a_payload_that_does_not_fit_is_a_permanent_error(payload: object, model: type) -> None:
+    m = new_message("orders.placed", payload)
+
+    with pytest.raises(
+        PayloadMismatch, match=f"payload of orders.placed does not fit {model.__name__}"
+    ):
+        m.decode(model)
+    assert issubclass(PayloadMismatch, Permanent)
