@@ -5,7 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = ["LONGEST", "format_duration", "parse_duration"]
+
+LONGEST = dt.timedelta(days=36500)
+"""The longest duration parse_duration reads (about a century): anything longer
+is a typo, and would overflow a date once added to now."""
 
 _UNITS = {
     "us": dt.timedelta(microseconds=1),
@@ -25,29 +29,45 @@ def parse_duration(text: str | float | dt.timedelta) -> dt.timedelta:
 
     Raises ValueError for anything else, including negative durations.
     """
-    if isinstance(text, dt.timedelta):
-        value = text
-    elif isinstance(text, int | float):
-        value = dt.timedelta(seconds=text)
-    else:
-        s = text.strip()
-        if _NUMBER.fullmatch(s):
-            value = dt.timedelta(seconds=float(s))
-        else:
-            pos, value = 0, dt.timedelta(0)
-            for match in _PART.finditer(s):
-                if match.start() != pos:
-                    break
-                value += float(match[1]) * _UNITS[match[2]]
-                pos = match.end()
-            if pos != len(s) or not s:
-                raise ValueError(
-                    f"{text!r} is not a duration "
-                    "(examples: 250ms, 30s, 2m, 1m30s, 1h, 7d, or seconds)"
-                )
+    try:
+        value = _parse(text)
+    except (OverflowError, ValueError) as exc:
+        if "not a duration" in str(exc):
+            raise
+        raise ValueError(f"{_shown(text)} is too long (at most {LONGEST.days}d)") from None
     if value < dt.timedelta(0):
-        raise ValueError(f"{text!r} is negative")
+        raise ValueError(f"{_shown(text)} is negative")
+    if value > LONGEST:
+        raise ValueError(f"{_shown(text)} is too long (at most {LONGEST.days}d)")
     return value
+
+
+def _parse(text: str | float | dt.timedelta) -> dt.timedelta:
+    if isinstance(text, dt.timedelta):
+        return text
+    if isinstance(text, int | float):
+        return dt.timedelta(seconds=text)
+    s = text.strip()
+    if _NUMBER.fullmatch(s):
+        return dt.timedelta(seconds=float(s))
+    pos, value = 0, dt.timedelta(0)
+    for match in _PART.finditer(s):
+        if match.start() != pos:
+            break
+        value += float(match[1]) * _UNITS[match[2]]
+        pos = match.end()
+    if pos != len(s) or not s:
+        raise ValueError(
+            f"{_shown(text)} is not a duration "
+            "(examples: 250ms, 30s, 2m, 1m30s, 1h, 7d, or seconds)"
+        )
+    return value
+
+
+def _shown(text: object) -> str:
+    """``text`` for an error message: a 400-digit number is not worth repeating."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "...'"
 
 
 def format_duration(value: dt.timedelta) -> str:

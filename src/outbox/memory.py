@@ -130,6 +130,7 @@ class MemoryStore:
                 for r in self._rows.values()
                 if r.buried_at is None
                 and r.due_at <= now
+                and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
             ),
@@ -148,15 +149,17 @@ class MemoryStore:
         token = uuid.uuid4()
         until = now + lease
         claimed = Claimed()
+        behind_orphan = False
         for row in picked:
             orphan = row.leased_until is not None
-            if orphan and isolate and not solo:
-                claimed.orphans += 1
+            if isolate and not solo and (orphan or behind_orphan):
+                claimed.orphans += 1  # nothing behind an orphan goes before it
+                behind_orphan = True
                 continue
             forgiven = solo and orphan and not row.solo
             attempts = row.message.attempts + (0 if forgiven else 1)
             row.message = dataclasses.replace(row.message, attempts=attempts, lease=token)
-            row.due_at = row.leased_until = until
+            row.leased_until = until  # due_at stays: the message keeps its place in line
             row.token, row.solo = token, solo
             claimed.append(row.message)
         return claimed
@@ -209,7 +212,7 @@ class MemoryStore:
                 continue
             attempts = max(row.message.attempts - 1, 0)
             row.message = dataclasses.replace(row.message, attempts=attempts)
-            row.due_at, row.leased_until = now, None
+            row.leased_until = None
             released.add(message_id)
         return released
 
@@ -253,16 +256,14 @@ class MemoryStore:
     ) -> list[tuple[uuid.UUID, str]]:
         now = now or self.clock()
         served = {t for r in await self.relays(now=now) for t in r.topics}
-        waiting = {
-            r.message.topic for r in self._rows.values() if r.buried_at is None and r.due_at <= now
-        }
+        waiting = {r.message.topic for r in self._rows.values() if self._due(r, now)}
         unserved = waiting - served - set(self._topics)
         expired = {t for t in unserved if t in self._unserved and self._unserved[t] <= now - grace}
         self._unserved = {t: self._unserved.get(t, now) for t in unserved}
         why = f" (no live relay served it for {format_duration(grace)})"
         buried = []
         for r in self._rows.values():
-            if r.message.topic in expired and r.buried_at is None and r.due_at <= now:
+            if r.message.topic in expired and self._due(r, now):
                 r.buried_at, r.leased_until = now, None
                 r.last_error = f"no handler for topic {r.message.topic}{why}"
                 buried.append((r.message.id, r.message.topic))
@@ -356,6 +357,11 @@ class MemoryStore:
             and (wanted is None or r.message.id in wanted)
             and (topic is None or r.message.topic == topic)
         ]
+
+    @staticmethod
+    def _due(r: _Row, now: dt.datetime) -> bool:
+        leased = r.leased_until is not None and r.leased_until > now
+        return r.buried_at is None and r.due_at <= now and not leased
 
     def _held(self, m: Message) -> _Row | None:
         """``m``'s row while the lease ``m`` carries still holds it."""

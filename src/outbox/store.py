@@ -1,9 +1,11 @@
 """The Store contract every backend fulfils (tests/contract proves it).
 
-A message is *due* when it is not buried, its retry time has passed and its
-lease, if any, has ended. Claims lease due messages; concurrent claims never
-return the same message; a message whose relay crashed is claimed again when
-its lease ends. Delivery is therefore at least once.
+A message is *due* when it is not buried, its due time has passed and its
+lease, if any, has ended. A lease does not move the due time: a message whose
+relay died is claimed again in its old place in line. Claims lease due
+messages; concurrent claims never return the same message; a message whose
+relay crashed is claimed again when its lease ends. Delivery is therefore at
+least once.
 
 Every claim gives what it leases a fresh lease token (``Message.lease``). A
 write-back that carries the token (retry, bury, release) applies only while
@@ -51,7 +53,7 @@ class StoredMessage:
 
     message: Message
     due_at: dt.datetime
-    """When it can next be claimed (while leased: when the lease ends)."""
+    """Its place in line: due from then on, once no lease holds it."""
     leased_until: dt.datetime | None
     """Set while a relay holds the message; a lease in the past has expired."""
     last_error: str | None

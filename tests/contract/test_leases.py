@@ -140,18 +140,23 @@ async def test_without_now_the_store_uses_its_own_clock(store: Store[Any]) -> No
     assert state.due_at <= after + dt.timedelta(minutes=5) + SECOND
 
 
-async def test_isolating_claim_leaves_orphans_and_counts_them(store: Store[Any]) -> None:
-    orphan, fresh = msg(n=1), msg(n=2, at=T0 + LEASE)
+async def test_isolating_claim_stops_at_an_orphan_and_counts_what_it_left(
+    store: Store[Any],
+) -> None:
+    ahead, orphan, behind = msg(n=0, at=T0 - SECOND), msg(n=1), msg(n=2, at=T0 + SECOND)
     await add(store, orphan)
-    await store.claim(T0, LEASE, 10)  # its relay dies
-    await add(store, fresh)
+    await store.claim(T0, LEASE, 1)  # its relay dies
+    await add(store, ahead, behind)
 
     claimed = await store.claim(T0 + LEASE, LEASE, 10, isolate=True)
 
-    assert [m.id for m in claimed] == [fresh.id]
-    assert claimed.orphans == 1
+    assert [m.id for m in claimed] == [ahead.id]  # nothing behind the orphan goes first
+    assert claimed.orphans == 2
     state = await store.get(orphan.id)
     assert state.leased_until == T0 + LEASE  # untouched
+    [alone] = await store.claim(T0 + LEASE, LEASE, 10, isolate=True, solo=True)
+    assert alone.id == orphan.id
+    assert [m.id for m in await store.claim(T0 + LEASE, LEASE, 10, isolate=True)] == [behind.id]
 
 
 async def test_solo_claim_takes_only_orphans_and_forgives_a_shared_lease(
@@ -196,3 +201,29 @@ async def test_caps_and_free_topics_share_the_limit(store: Store[Any], limit: in
     assert len(claimed) == limit
     assert len({m.id for m in claimed}) == limit
     assert all(isinstance(m.lease, uuid.UUID) for m in claimed)
+
+
+async def test_a_message_whose_relay_died_keeps_its_place_in_line(store: Store[Any]) -> None:
+    first = msg(n=0)
+    await add(store, first)
+    await store.claim(T0, LEASE, 1)  # its relay dies
+    backlog = [msg(at=T0 + i * SECOND, n=i) for i in range(1, 6)]
+    await add(store, *backlog)
+
+    later = T0 + LEASE
+    [again, *rest] = await store.claim(later, LEASE, 10)
+
+    assert again.id == first.id, "the orphan is claimed before what became due after it"
+    assert [m.id for m in rest] == [m.id for m in backlog]
+    assert (await store.get(first.id)).due_at == T0
+
+
+async def test_a_released_message_keeps_its_place_in_line(store: Store[Any]) -> None:
+    first, second = msg(n=0), msg(at=T0 + SECOND, n=1)
+    await add(store, first, second)
+    [held] = await store.claim(T0, LEASE, 1)
+
+    await store.release([held], T0 + 2 * SECOND)
+
+    claimed = await store.claim(T0 + 2 * SECOND, LEASE, 10)
+    assert [m.id for m in claimed] == [first.id, second.id]

@@ -212,3 +212,31 @@ def _polled_for(db: str, seconds: int) -> bool:
         )
         == 1
     )
+
+
+def test_after_a_kill_the_orphans_go_before_what_was_added_after_them(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    lease = {"OUTBOX_LEASE": "2s", "OUTBOX_TIMEOUT": "1s", "OUTBOX_CONCURRENCY": "4"}
+    doomed = start(relays, tmp_path, db, RECORDING_DELAY="30", **lease)
+    doomed.wait_ready()
+    early = add_messages(db, recording.TOPIC, 4)
+    wait_until("4 deliveries in flight", lambda: len(delivered(db)) == 4, timeout=10)
+    doomed.signal(signal.SIGKILL)
+    doomed.wait(10)
+    later = add_messages(db, recording.TOPIC, 1000)
+
+    survivor = start(relays, tmp_path, db, RECORDING_DELAY="0.02", **lease)
+    wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=120)
+
+    order = [
+        r[0]
+        for r in query(
+            db, f"SELECT message_id FROM deliveries WHERE pid = {survivor.pid} ORDER BY seq"
+        )
+    ]
+    position = {message_id: i for i, message_id in enumerate(order)}
+    assert set(early) <= set(position), "an orphan was lost"
+    # Claimed again once their lease ended, ahead of the backlog added after them
+    # (before, they waited until all 1,000 had gone).
+    assert max(position[i] for i in early) < len(later) // 2

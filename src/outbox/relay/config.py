@@ -10,6 +10,7 @@ import datetime as dt
 from typing import Annotated, Any, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -28,12 +29,27 @@ __all__ = ["ENV_PREFIX", "Duration", "RelayConfig", "RelaySettings", "config_err
 
 ENV_PREFIX = "OUTBOX_"
 
+SETTING_LONGEST = dt.timedelta(days=30)
+"""The longest duration a setting takes: a lease or a timeout of months is a
+typo, and ``now + lease`` must never overflow."""
+
+
+def _bounded(value: dt.timedelta) -> dt.timedelta:
+    if value > SETTING_LONGEST:
+        raise ValueError(
+            f"{format_duration(value)} is too long for this setting (at most "
+            f"{format_duration(SETTING_LONGEST)})"
+        )
+    return value
+
+
 Duration = Annotated[
     dt.timedelta,
     BeforeValidator(parse_duration),
+    AfterValidator(_bounded),
     PlainSerializer(format_duration, return_type=str),
 ]
-"""A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds."""
+"""A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds, at most 30 days."""
 
 
 class RelayConfig(BaseModel):

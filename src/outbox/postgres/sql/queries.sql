@@ -29,8 +29,14 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
 -- instead of waiting for them. A claimer whose snapshot predates another
 -- claim's commit re-checks each row it locks against the newest committed
 -- version (READ COMMITTED re-evaluates the WHERE clause on locked rows); that
--- version's due_at is the other lease's end, in the future, so the row drops
--- out. MATERIALIZED fences the limited, locked selection: without it the
+-- version's leased_until is the other lease's end, in the future, so the row
+-- drops out.
+--
+-- A claim leaves due_at alone: a message keeps its place in line while it is
+-- leased, so one whose relay died is claimed again (once its lease ends) ahead
+-- of everything that became due after it, not behind the backlog. The rows in
+-- flight stay in the index, filtered by leased_until; they are bounded by the
+-- relays' slots. (And no indexed column changes, so a claim is a HOT update.) MATERIALIZED fences the limited, locked selection: without it the
 -- planner may inline the CTE into the UPDATE and lock and update more rows
 -- than the limit.
 --
@@ -42,7 +48,8 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
 -- %(capped)s are topics claimed at most %(caps)s each (their maxInFlight
 -- headroom). An orphan is a due row whose lease ran out unsettled (its relay
 -- died or stalled). With %(isolate)s it is left for a %(solo)s claim, which
--- takes only orphans, so the one that kills its relay is found on its own;
+-- takes only orphans, so the one that kills its relay is found on its own
+-- (and nothing behind it in line is claimed before it);
 -- a solo claim of an orphan whose lease was shared does not count the lost
 -- attempt: another message may have been the one that crashed.
 WITH free AS MATERIALIZED (
@@ -50,6 +57,7 @@ WITH free AS MATERIALIZED (
     FROM outbox_messages
     WHERE buried_at IS NULL
       AND due_at <= coalesce(%(now)s::timestamptz, now())
+      AND (leased_until IS NULL OR leased_until <= coalesce(%(now)s::timestamptz, now()))
       AND (%(topics)s::text[] IS NULL OR topic = ANY(%(topics)s::text[]))
       AND (NOT %(solo)s OR leased_until IS NOT NULL)
     ORDER BY due_at, id
@@ -64,6 +72,7 @@ capped AS MATERIALIZED (
         FROM outbox_messages
         WHERE buried_at IS NULL
           AND due_at <= coalesce(%(now)s::timestamptz, now())
+          AND (leased_until IS NULL OR leased_until <= coalesce(%(now)s::timestamptz, now()))
           AND topic = k.topic
           AND (NOT %(solo)s OR leased_until IS NOT NULL)
         ORDER BY due_at, id
@@ -78,19 +87,24 @@ picked AS MATERIALIZED (
     ORDER BY due_at, id
     LIMIT %(limit)s
 ),
+first_orphan AS (
+    SELECT due_at, id FROM picked WHERE orphan ORDER BY due_at, id LIMIT 1
+),
 claimed AS (
     UPDATE outbox_messages AS m
     SET attempts = CASE
             WHEN %(solo)s AND p.orphan AND NOT p.lease_solo THEN m.attempts
             ELSE m.attempts + 1
         END,
-        due_at = coalesce(%(now)s::timestamptz, now()) + %(lease)s,
         leased_until = coalesce(%(now)s::timestamptz, now()) + %(lease)s,
         lease_token = %(token)s,
         lease_solo = %(solo)s
     FROM picked AS p
     WHERE m.id = p.id
       AND (%(solo)s OR NOT %(isolate)s OR NOT p.orphan)
+      -- Nothing behind an orphan is taken before the orphan is delivered.
+      AND (%(solo)s OR NOT %(isolate)s OR NOT EXISTS (
+          SELECT 1 FROM first_orphan AS f WHERE (p.due_at, p.id) > (f.due_at, f.id)))
     RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts
 )
 SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan
@@ -147,11 +161,11 @@ WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
 RETURNING m.id;
 
 -- message_release --
--- Hand leased messages back, due now, without counting the attempt; a
--- message with a token only while that lease still holds it.
+-- Hand leased messages back, due at once in their old place in line, without
+-- counting the attempt; a message with a token only while that lease still
+-- holds it.
 UPDATE outbox_messages AS m
-SET due_at = coalesce(%(now)s::timestamptz, now()),
-    leased_until = NULL,
+SET leased_until = NULL,
     attempts = greatest(m.attempts - 1, 0)
 FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS o(id, token)
 WHERE m.id = o.id
@@ -322,8 +336,8 @@ SELECT pg_try_advisory_xact_lock(%(key)s);
 --
 -- Every part sees the same snapshot: a topic noted now is buried at the
 -- earliest by a later sweep. A message a relay claims meanwhile is leased
--- (its due_at in the future), so the UPDATE, which waits for the claim's row
--- lock and re-checks, leaves it alone.
+-- (its leased_until in the future), so the UPDATE, which waits for the
+-- claim's row lock and re-checks, leaves it alone.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -336,6 +350,7 @@ waiting AS (
     SELECT DISTINCT m.topic
     FROM outbox_messages AS m, clock
     WHERE m.buried_at IS NULL AND m.due_at <= clock.now
+      AND (m.leased_until IS NULL OR m.leased_until <= clock.now)
 ),
 unserved AS (
     SELECT w.topic
@@ -364,4 +379,5 @@ SET buried_at = clock.now,
     last_error = 'no handler for topic ' || m.topic || %(why)s
 FROM expired AS e, clock
 WHERE m.topic = e.topic AND m.buried_at IS NULL AND m.due_at <= clock.now
+  AND (m.leased_until IS NULL OR m.leased_until <= clock.now)
 RETURNING m.id, m.topic;
