@@ -20,7 +20,7 @@ from typing import Any
 
 from outbox.durations import format_duration
 from outbox.errors import NotFound
-from outbox.message import Message, validate_topic
+from outbox.message import Message, check_message, validate_topic
 from outbox.store import (
     Claimed,
     RelayInfo,
@@ -107,6 +107,8 @@ class MemoryStore:
             raise ValueError("outbox: transaction belongs to another MemoryStore")
         if not tx.open:
             raise ValueError("outbox: transaction is already finished")
+        for m in msgs:
+            check_message(m)
         tx.pending.extend(msgs)
 
     async def claim(

@@ -19,7 +19,14 @@ import uuid_utils.compat
 
 from outbox.errors import EncodeError, PayloadMismatch
 
-__all__ = ["TOPIC_MAX_LENGTH", "Message", "new_message", "validate_topic"]
+__all__ = [
+    "TOPIC_MAX_LENGTH",
+    "Message",
+    "check_message",
+    "loads_strict",
+    "new_message",
+    "validate_topic",
+]
 
 T = TypeVar("T")
 
@@ -137,6 +144,29 @@ def new_message(
         created_at=created,
         deliver_at=later,
     )
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """Decode JSON, refusing what new_message refuses: NaN and infinities, NUL
+    characters, keys that appear twice. Raises ValueError saying which."""
+    value = json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    _check(value)
+    return value
+
+
+def check_message(m: Message) -> Message:
+    """``m``, or ValueError when it could not have come from new_message: a bad topic,
+    or a payload that is not JSON new_message would write."""
+    validate_topic(m.topic)
+    try:
+        loads_strict(m.payload)
+    except ValueError as exc:
+        raise ValueError(f"outbox: payload of {m.id} ({m.topic}): {exc}") from None
+    return m
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _instant(at: dt.datetime, name: str) -> dt.datetime:

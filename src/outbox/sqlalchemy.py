@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import insert_params, named_to
+from outbox.postgres.producer import checked, insert_params, named_to
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -30,6 +30,7 @@ def add(bind: Session | Connection, /, *msgs: Message) -> None:
     from sqlalchemy import text
     from sqlalchemy.orm import Session
 
+    checked(msgs)
     if isinstance(bind, Session):
         if not bind.in_transaction():
             raise NotInTransaction("the SQLAlchemy session")
@@ -46,6 +47,7 @@ async def add_async(bind: AsyncSession | AsyncConnection, /, *msgs: Message) -> 
     from sqlalchemy import text
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    checked(msgs)
     if isinstance(bind, AsyncSession):
         if not bind.in_transaction():
             raise NotInTransaction("the SQLAlchemy session")

@@ -61,7 +61,10 @@ def test_set_pause_resume_delete_round_trip(db: str) -> None:
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [
-        (("set", "orders.placed", "--timeout", "5m"), "does not stay below OUTBOX_LEASE"),
+        (
+            ("set", "mail.login_link", "--timeout", "5m"),
+            "--timeout: 5m does not stay below the relays' lease (2m)",
+        ),
         (("set", "orders.placed", "--max-attempts", "0"), "must be at least 1"),
         (("set", "orders.placed", "--config", "[1]"), "must be a JSON object"),
         (("pause", "Bad Topic"), "must match"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import OutboxError
+from outbox.handlers.registry import EntryError, check_entry
 from outbox.message import validate_topic
 from outbox.relay import HandlerKind
 from outbox.store import Store, TopicSettings
@@ -63,45 +64,26 @@ def desired(
         raise InvalidSpec(f"spec.topic: {str(exc).removeprefix('outbox: ')}") from None
     handler = spec.get("handler")
     config = _handler_config(spec, handler)
-    if handler is None:
-        if topic not in builtin_topics:
-            raise InvalidSpec(
-                f"{topic} has no built-in handler; set spec.handler to one of {sorted(kinds)}"
-            )
-    elif handler in kinds:
-        try:
-            kinds[handler](config)
-        except (ValueError, TypeError) as exc:
-            raise InvalidSpec(f"spec.config for handler {handler}: {exc}") from None
-    elif handler not in builtin_topics:
-        known = sorted(set(kinds) | builtin_topics)
-        raise InvalidSpec(f"spec.handler {handler!r} is unknown; known: {known}")
     timeout = None
     if spec.get("timeout") is not None:
         try:
             timeout = parse_duration(str(spec["timeout"]))
         except ValueError as exc:
             raise InvalidSpec(f"spec.timeout: {exc}") from None
-        if timeout >= lease:
-            raise InvalidSpec(
-                f"spec.timeout {format_duration(timeout)} does not stay below the relays' "
-                f"lease ({format_duration(lease)}): a slow delivery could overlap its retry"
-            )
-    max_attempts = spec.get("maxAttempts")
-    if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
-        raise InvalidSpec("spec.maxAttempts must be a whole number of at least 1")
-    max_in_flight = spec.get("maxInFlight")
-    if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
-        raise InvalidSpec("spec.maxInFlight must be a whole number of at least 1")
-    return TopicSettings(
+    entry = TopicSettings(
         topic=topic,
         enabled=bool(spec.get("enabled", True)),
         handler=handler,
         config=config,
-        max_attempts=max_attempts,
+        max_attempts=spec.get("maxAttempts"),
         timeout=timeout,
-        max_in_flight=max_in_flight,
+        max_in_flight=spec.get("maxInFlight"),
     )
+    try:
+        check_entry(entry, lease=lease, builtin_topics=builtin_topics, kinds=kinds)
+    except EntryError as exc:
+        raise InvalidSpec(f"spec.{exc.field} {exc.reason}") from None
+    return entry
 
 
 _KIND_FIELDS = {"webhook": "webhook", "nats": "nats"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import insert_params, named_to
+from outbox.postgres.producer import checked, insert_params, named_to
 
 __all__ = ["add"]
 
@@ -23,6 +23,7 @@ def add(*msgs: Message, using: str = "default") -> None:
     """Insert ``msgs`` through Django's connection ``using``, in its atomic block."""
     from django.db import connections
 
+    checked(msgs)
     connection = connections[using]
     if not connection.in_atomic_block:
         raise NotInTransaction(f"Django's connection {using!r}")

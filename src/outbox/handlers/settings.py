@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, FilePath, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.relay.config import ENV_PREFIX, Duration
@@ -38,7 +37,7 @@ class SmtpSettings(BaseSettings):
         default="starttls",
         description="none, starttls (upgrade a plain connection) or tls (implicit TLS).",
     )
-    ca_file: Path | None = Field(
+    ca_file: FilePath | None = Field(
         default=None, description="PEM file of extra CAs to trust for the server's certificate."
     )
     from_address: str = Field(
@@ -82,7 +81,9 @@ class NatsSettings(BaseSettings):
     user: str | None = Field(default=None, description="NATS user, with OUTBOX_NATS_PASSWORD.")
     password: SecretStr | None = Field(default=None, description="NATS password (a secret).")
     token: SecretStr | None = Field(default=None, description="NATS token (a secret).")
-    creds_file: Path | None = Field(default=None, description="NATS credentials file (JWT/NKey).")
+    creds_file: FilePath | None = Field(
+        default=None, description="NATS credentials file (JWT/NKey)."
+    )
     connect_timeout: Duration = Field(
         default=dt.timedelta(seconds=2),
         gt=dt.timedelta(0),

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from outbox.errors import NotInTransaction
-from outbox.message import Message
+from outbox.message import Message, check_message
 from outbox.postgres.queries import QUERIES
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["INSERT_MANY", "add", "add_sync", "insert_params", "named_to"]
+__all__ = ["INSERT_MANY", "add", "add_sync", "checked", "insert_params", "named_to"]
 
 INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
@@ -59,8 +59,20 @@ def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
         raise NotInTransaction("the psycopg connection")
 
 
+def checked(msgs: Sequence[Message]) -> Sequence[Message]:
+    """``msgs``, each as new_message would make it (a valid topic, strict JSON), or ValueError.
+
+    Every producer API checks, so a message built by hand cannot slip a bad
+    topic or a payload that loses data into the table.
+    """
+    for m in msgs:
+        check_message(m)
+    return msgs
+
+
 async def add(conn: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
     """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
+    checked(msgs)
     _in_transaction(conn)
     if len(msgs) == 1:
         await conn.execute(INSERT_ONE, _one(msgs[0]))
@@ -70,6 +82,7 @@ async def add(conn: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
 
 def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
     """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
+    checked(msgs)
     _in_transaction(conn)
     if len(msgs) == 1:
         conn.execute(INSERT_ONE, _one(msgs[0]))

@@ -12,11 +12,12 @@ import datetime as dt
 import json
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from outbox.durations import format_duration
 from outbox.errors import ConfigError
+from outbox.relay.routing import HandlerKind
 from outbox.store import RelayInfo, Store, StoredMessage, TopicSettings
 
 __all__ = [
@@ -282,12 +283,16 @@ async def topics_set(
     lease: dt.timedelta,
     out: TextIO = sys.stdout,
     force: bool = False,
+    kinds: Mapping[str, HandlerKind] | None = None,
     **changes: Any,
 ) -> TopicSettings:
     """Change the fields given in ``changes`` of a topic's entry (made if missing).
 
-    ``DEFAULT`` as a value clears an override. A timeout must stay below the
-    relays' lease. An entry an OutboxTopic governs is refused unless ``force``.
+    ``DEFAULT`` as a value clears an override. The entry that results is
+    checked as the controller checks an OutboxTopic (``kinds``: the handler
+    kinds to check a handler and its config with) and refused, unchanged, if
+    relays could not deliver it. An entry an OutboxTopic governs is refused
+    unless ``force``.
     """
     current = (await store.topics()).get(topic) or TopicSettings(topic)
     governed(current, force=force)
@@ -297,12 +302,7 @@ async def topics_set(
     if "config" in fields and fields["config"] is None:
         fields["config"] = {}
     entry = dataclasses.replace(current, source="cli", **fields)
-    if entry.timeout is not None and entry.timeout >= lease:
-        raise ConfigError(
-            "--timeout",
-            f"{format_duration(entry.timeout)} does not stay below OUTBOX_LEASE "
-            f"({format_duration(lease)})",
-        )
+    checked(entry, lease=lease, kinds=kinds)
     await store.set_topic(entry, now)
     state = "enabled" if entry.enabled else "paused"
     out.write(f"{topic}: {state}, handler {entry.handler or 'built-in'}\n")
@@ -363,6 +363,38 @@ async def relays_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
             "\nserved by some relays only (a rolling deploy, or relays configured "
             f"differently): {', '.join(partial)}\n"
         )
+
+
+_FLAGS = {
+    "handler": "--handler",
+    "config": "--config",
+    "timeout": "--timeout",
+    "maxAttempts": "--max-attempts",
+    "maxInFlight": "--max-in-flight",
+}
+
+
+def checked(
+    entry: TopicSettings,
+    *,
+    lease: dt.timedelta,
+    kinds: Mapping[str, HandlerKind] | None = None,
+) -> TopicSettings:
+    """``entry``, or ConfigError naming the flag when relays could not deliver it."""
+    from outbox.handlers import HandlerKinds
+    from outbox.handlers.mail.topics import TOPICS
+    from outbox.handlers.registry import EntryError, check_entry
+
+    try:
+        check_entry(
+            entry,
+            lease=lease,
+            builtin_topics=TOPICS,
+            kinds=HandlerKinds().mapping if kinds is None else kinds,
+        )
+    except EntryError as exc:
+        raise ConfigError(_FLAGS.get(exc.field, exc.field), exc.reason) from None
+    return entry
 
 
 def governed(entry: TopicSettings | None, *, force: bool) -> None:

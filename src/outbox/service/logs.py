@@ -13,18 +13,37 @@ import json
 import logging
 import re
 import sys
+import urllib.parse
 from typing import Any, TextIO
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure", "redact"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure", "hide", "redact"]
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
 _KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
+_hidden: set[str] = set()
+
+
+def hide(*secrets: str | None) -> None:
+    """Mask these values wherever they appear in a log line or a one-line error.
+
+    For secrets the patterns cannot see: a password quoted by a driver
+    error without its key, an SMTP password in a server's reply.
+    """
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            _hidden.add(secret)
+            _hidden.add(urllib.parse.quote(secret, safe=""))
+
+
 def redact(text: str) -> str:
-    """``text`` with passwords in URLs and ``password=`` pairs replaced by ***."""
+    """``text`` with passwords in URLs, ``password=`` pairs and hidden values replaced by ***."""
     text = _URL_PASSWORD.sub(r"\g<head>***@", text)
-    return _KV_PASSWORD.sub(r"\g<head>***", text)
+    text = _KV_PASSWORD.sub(r"\g<head>***", text)
+    for secret in sorted(_hidden, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 class TextFormatter(logging.Formatter):

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox.durations import format_duration
 from outbox.errors import OutboxError
@@ -91,6 +92,16 @@ async def database(
 
 async def _check_reachable(url: str) -> None:
     try:
+        conninfo_to_dict(url)
+    except psycopg.Error:
+        # libpq's own message quotes the string around the error, which may be
+        # the tail of a password: say what is wrong without repeating any of it.
+        raise StartupError(
+            "OUTBOX_DATABASE_URL: not a valid libpq URL or conninfo string (in a URL, "
+            "percent-encode special characters of the password: space %20, @ %40, % %25, "
+            "/ %2F; in key=value form, single-quote values with spaces)"
+        ) from None
+    try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT)
     except psycopg.Error as exc:
         reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
@@ -151,7 +162,13 @@ async def _serve(
 
         probes = ProbeServer(settings.http_host, settings.http_port, alive=relay.alive, ready=ready)
         async with anyio.create_task_group() as tg:
-            port = await tg.start(probes.serve)
+            try:
+                port = await tg.start(probes.serve)
+            except OSError as exc:
+                raise StartupError(
+                    f"OUTBOX_HTTP_PORT: cannot listen on {settings.http_host}:"
+                    f"{settings.http_port}: {exc.strerror or exc}"
+                ) from None
             tg.start_soon(Backlog(store).run, settings.backlog_interval)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",

@@ -14,6 +14,7 @@ from outbox.service.cli.common import (
     duration,
     embedded_flag,
     message_id,
+    positive,
     settings_help,
     topic,
     with_store,
@@ -37,7 +38,7 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     ls = actions.add_parser("list", help="buried messages, newest first")
     ls.add_argument("--topic", type=topic, help="only this topic")
     ls.add_argument("--since", type=duration, help="only those buried within this long (1h, 7d)")
-    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    ls.add_argument("--limit", type=positive, default=100, help="at most this many (default 100)")
     ls.add_argument("--output", choices=("table", "json"), default="table")
     ls.set_defaults(func=_buried_list)
     embedded_flag(ls)

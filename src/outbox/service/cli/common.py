@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import textwrap
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,7 +14,7 @@ from pydantic_settings import BaseSettings
 
 from outbox.durations import parse_duration
 from outbox.errors import ConfigError
-from outbox.message import validate_topic
+from outbox.message import loads_strict, validate_topic
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.service import admin, logs
 from outbox.service.settings import ServiceSettings, load, variables
@@ -91,21 +90,34 @@ def optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def json_object(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
+        value = loads_strict(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+        raise argparse.ArgumentTypeError(f"not usable JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
     return value
 
 
-def positive(text: str) -> int:
+def positive_duration(text: str) -> dt.timedelta:
+    value = duration(text)
+    if value <= dt.timedelta(0):
+        raise argparse.ArgumentTypeError("must be longer than 0s")
+    return value
+
+
+def attempts(text: str) -> int:
+    return positive(text, most=1000)
+
+
+def positive(text: str, most: int = 1_000_000) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if value > most:
+        raise argparse.ArgumentTypeError(f"must be at most {most}")
     return value
 
 
@@ -126,6 +138,7 @@ def with_store(work: Callable[[PostgresStore], Awaitable[object]], args: argpars
         )
     level = "warning" if settings.log_level in ("debug", "info") else settings.log_level
     logs.configure(level, settings.log_format)
+    hide_secrets(settings)
 
     async def run() -> None:
         async with database(settings) as url, connect_pool(url, max_size=2) as pool:
@@ -138,4 +151,27 @@ def with_store(work: Callable[[PostgresStore], Awaitable[object]], args: argpars
 def service_settings() -> ServiceSettings:
     settings = load(ServiceSettings)
     logs.configure(settings.log_level, settings.log_format)
+    hide_secrets(settings)
     return settings
+
+
+def hide_secrets(settings: ServiceSettings) -> None:
+    """Register every secret the settings hold with the log redaction."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from outbox.service.settings import NatsSettings, SmtpSettings
+
+    if settings.database_url is not None:
+        url = settings.database_url.get_secret_value()
+        try:
+            logs.hide(str(conninfo_to_dict(url).get("password") or ""))
+        except Exception:  # unparseable: the start-up check says so without quoting it
+            logs.hide(*url.split())
+    for model, fields in ((SmtpSettings, ("password",)), (NatsSettings, ("password", "token"))):
+        try:
+            loaded = load(model)
+        except ConfigError:
+            continue  # reported where the settings are used
+        for name in fields:
+            value = getattr(loaded, name)
+            logs.hide(value.get_secret_value() if value is not None else None)

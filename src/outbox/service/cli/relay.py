@@ -13,6 +13,7 @@ import anyio
 
 from outbox.errors import ConfigError
 from outbox.handlers import log_handler
+from outbox.message import validate_topic
 from outbox.relay import Handler
 from outbox.service.cli.common import (
     service_settings,
@@ -87,13 +88,30 @@ def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
 
 
 def _import_handlers(spec: str) -> Mapping[str, Handler]:
+    """The mapping OUTBOX_HANDLERS names; any way it fails is a ConfigError naming it."""
     module_name, _, attribute = spec.partition(":")
     try:
         found: Any = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError("OUTBOX_HANDLERS", f"cannot load {spec}: {exc}") from None
+    except Exception as exc:  # the module itself may raise anything while importing
+        raise ConfigError("OUTBOX_HANDLERS", f"cannot load {spec}: {_said(exc)}") from None
     if callable(found) and not isinstance(found, Mapping):
-        found = found()
+        try:
+            found = found()
+        except Exception as exc:
+            raise ConfigError(
+                "OUTBOX_HANDLERS", f"{spec} raised while making the handlers: {_said(exc)}"
+            ) from None
     if not isinstance(found, Mapping) or not all(callable(h) for h in found.values()):
         raise ConfigError("OUTBOX_HANDLERS", f"{spec} is not a mapping of topic to handler")
+    for topic in found:
+        try:
+            validate_topic(topic)
+        except (TypeError, ValueError) as exc:
+            reason = str(exc).removeprefix("outbox: ")
+            raise ConfigError("OUTBOX_HANDLERS", f"{spec} maps a bad topic: {reason}") from None
     return found
+
+
+def _said(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

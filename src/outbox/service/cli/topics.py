@@ -5,23 +5,32 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore
 from outbox.relay import system_clock
 from outbox.service import admin
 from outbox.service.cli.common import (
     DATABASE,
     Parser,
-    duration,
+    attempts,
     embedded_flag,
     force_flag,
     json_object,
     optional,
     positive,
+    positive_duration,
     settings_help,
     topic,
     with_store,
 )
-from outbox.service.settings import RelayConfig, RelaySettings, ServiceSettings
+from outbox.service.settings import (
+    RelayConfig,
+    RelaySettings,
+    ServiceSettings,
+    WebhookSettings,
+    load,
+)
+from outbox.store import TopicSettings
 
 
 def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -47,8 +56,10 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     tune.add_argument("topic", type=topic)
     tune.add_argument("--handler", type=optional(str), help="a handler kind or built-in topic")
     tune.add_argument("--config", type=optional(json_object), help="the handler's config (JSON)")
-    tune.add_argument("--max-attempts", type=optional(positive), help="or 'default'")
-    tune.add_argument("--timeout", type=optional(duration), help="below OUTBOX_LEASE, or 'default'")
+    tune.add_argument("--max-attempts", type=optional(attempts), help="or 'default'")
+    tune.add_argument(
+        "--timeout", type=optional(positive_duration), help="below OUTBOX_LEASE, or 'default'"
+    )
     tune.add_argument(
         "--max-in-flight",
         type=optional(positive),
@@ -84,12 +95,18 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 def _topics_set(args: argparse.Namespace) -> int:
     lease = RelayConfig.from_env().lease
+    kinds = HandlerKinds(webhook=load(WebhookSettings)).mapping
+    if args.handler is not None and args.handler is not admin.DEFAULT:
+        # What the arguments say on their own is checked before any connection.
+        alone = TopicSettings(args.topic, handler=args.handler, config=args.config or {})
+        admin.checked(alone, lease=lease, kinds=kinds)
     return with_store(
         lambda store: admin.topics_set(
             store,
             args.topic,
             system_clock(),
             lease=lease,
+            kinds=kinds,
             enabled=args.enabled,
             handler=args.handler,
             config=args.config,
