@@ -13,6 +13,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -73,16 +74,25 @@ def postgres_url() -> Iterator[str]:
             yield server.url
 
 
-@pytest.fixture
-def pg_conninfo(postgres_url: str) -> Iterator[str]:
+@contextmanager
+def fresh_schema(postgres_url: str) -> Iterator[str]:
     """Conninfo whose search_path is a fresh, empty schema; dropped afterwards."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     options = conninfo_to_dict(postgres_url).get("options") or ""
-    yield make_conninfo(postgres_url, options=f"{options} -c search_path={schema}".strip())
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    try:
+        yield make_conninfo(postgres_url, options=f"{options} -c search_path={schema}".strip())
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def pg_conninfo(postgres_url: str) -> Iterator[str]:
+    """Conninfo whose search_path is a fresh, empty schema; dropped afterwards."""
+    with fresh_schema(postgres_url) as conninfo:
+        yield conninfo
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from outbox.errors import (
     Permanent,
     RetryAfter,
     StoreUnavailable,
+    Unavailable,
 )
 from outbox.message import Message, new_message
 from outbox.store import Store, StoredMessage
@@ -51,6 +52,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "StoredMessage",
+    "Unavailable",
     "backoff",
     "new_message",
     "system_clock",

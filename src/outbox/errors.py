@@ -21,6 +21,7 @@ __all__ = [
     "Permanent",
     "RetryAfter",
     "StoreUnavailable",
+    "Unavailable",
 ]
 
 
@@ -87,6 +88,21 @@ class RetryAfter(OutboxError):
     """Raised by a handler: retry, but not before ``delay`` (a receiver's Retry-After).
 
     The attempt still counts towards max_attempts.
+    """
+
+    def __init__(self, delay: dt.timedelta, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class Unavailable(OutboxError):
+    """Raised by a handler: the receiving side is down or misconfigured, not the message.
+
+    A mail server that refuses the relay's login, a TLS handshake that fails, a
+    server that answers 421 on connect: every message would fail the same way.
+    The relay retries after ``delay`` without counting the attempt, so nothing
+    is buried while an operator fixes the server or the credentials.
     """
 
     def __init__(self, delay: dt.timedelta, reason: str) -> None:

@@ -178,6 +178,7 @@ class MemoryStore:
         items: Sequence[tuple[Message, dt.timedelta, str]],
         *,
         now: dt.datetime | None = None,
+        uncounted: Collection[uuid.UUID] = (),
     ) -> set[uuid.UUID]:
         now = now or self.clock()
         done = set()
@@ -185,6 +186,9 @@ class MemoryStore:
             row = self._held(m)
             if row is not None:
                 row.due_at, row.leased_until, row.last_error = now + delay, None, reason
+                if m.id in uncounted:
+                    attempts = max(row.message.attempts - 1, 0)
+                    row.message = dataclasses.replace(row.message, attempts=attempts)
                 done.add(m.id)
         return done
 

@@ -156,8 +156,11 @@ def loads_strict(text: str | bytes) -> Any:
 
 def check_message(m: Message) -> Message:
     """``m``, or ValueError when it could not have come from new_message: a bad topic,
-    or a payload that is not JSON new_message would write."""
+    or a payload that is not JSON new_message would write, or a naive datetime."""
     validate_topic(m.topic)
+    for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
+        if at is not None and (at.tzinfo is None or at.utcoffset() is None):
+            raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")
     try:
         loads_strict(m.payload)
     except ValueError as exc:

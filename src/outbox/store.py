@@ -178,11 +178,13 @@ class RelayStore(Protocol):
         items: Sequence[tuple[Message, dt.timedelta, str]],
         *,
         now: dt.datetime | None = None,
+        uncounted: Collection[uuid.UUID] = (),
     ) -> set[uuid.UUID]:
         """Make each (message, delay, reason) due again after delay, keeping reason.
 
         Fenced by each message's lease token; returns the ids written. The
         others lost their lease (another claim took them, or they are gone).
+        Messages in ``uncounted`` get their attempt back (the receiver failed).
         """
         ...
 

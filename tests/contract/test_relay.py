@@ -12,7 +12,17 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from outbox import Message, NotFound, Permanent, Relay, RelayConfig, Store, backoff, new_message
+from outbox import (
+    Message,
+    NotFound,
+    Permanent,
+    Relay,
+    RelayConfig,
+    Store,
+    Unavailable,
+    backoff,
+    new_message,
+)
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -152,6 +162,37 @@ async def test_permanent_error_buries_at_once(f: Fixture) -> None:
     assert state.buried_at is not None
     assert state.message.attempts == 1
     assert state.last_error == "permanent: 550 5.1.1 no such mailbox"
+
+
+async def test_an_unavailable_receiver_is_retried_without_counting_the_attempt(
+    store: Store[Any],
+) -> None:
+    f = Fixture(store, max_attempts=3)
+    calls: list[int] = []
+
+    async def handle(m: Message) -> None:
+        calls.append(m.attempts)
+        if len(calls) <= 6:
+            raise Unavailable(dt.timedelta(seconds=30), "smtp: 535 authentication failed")
+        raise RuntimeError("then a failure of this message")
+
+    f.handle = handle
+    m = await f.add()
+
+    for _ in range(6):
+        await f.drain()
+        state = await f.store.get(m.id)
+        assert state.due_at == f.now + dt.timedelta(seconds=30)
+        assert state.message.attempts == 0
+        f.now += dt.timedelta(seconds=30)
+    await f.drain()
+
+    assert calls == [1] * 7  # each try is the first, as far as max_attempts goes
+    state = await f.store.get(m.id)
+    assert state.buried_at is None
+    assert state.message.attempts == 1
+    assert f.metric("outbox_retried_total") == 7
+    assert f.metric("outbox_buried_total") == 0
 
 
 async def test_message_is_buried_once_attempts_reach_max_attempts(store: Store[Any]) -> None:

@@ -66,3 +66,13 @@ async def fail(m: Message) -> None:
 def failing_handlers() -> dict[str, Any]:
     """A topic whose handler always fails, so its messages end up buried."""
     return {FAILING: fail}
+
+
+def broken_handlers() -> dict[str, Any]:
+    """An OUTBOX_HANDLERS factory that fails, as one missing a setting would."""
+    raise RuntimeError("the application's factory failed")
+
+
+def misnamed_handlers() -> dict[str, Any]:
+    """An OUTBOX_HANDLERS factory mapping a topic new_message would refuse."""
+    return {"Orders Placed": record}

@@ -20,12 +20,27 @@ USER, PASSWORD = "relay", "smtp-pa55word"
 
 
 class Inbox:
-    """Records what the server accepted; ``refuse`` makes it answer RCPT with a reply."""
+    """Records what the server accepted.
+
+    ``refuse`` makes it answer RCPT for an address with a reply; ``sender`` and
+    ``data``, when set, are its answer to every MAIL FROM and DATA.
+    """
 
     def __init__(self) -> None:
         self.mails: list[EmailMessage] = []
         self.logins: list[bytes | None] = []
         self.refuse: dict[str, list[str]] = {}
+        self.sender: str | None = None
+        self.data: str | None = None
+
+    async def handle_MAIL(
+        self, server: SMTP, session: Session, envelope: Envelope, address: str, options: Any
+    ) -> str:
+        if self.sender:
+            return self.sender
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 OK"
 
     async def handle_RCPT(
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: Any
@@ -37,6 +52,8 @@ class Inbox:
         return "250 OK"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        if self.data:
+            return self.data
         raw = envelope.original_content or b""
         mail = email.message_from_bytes(raw, policy=email.policy.default)
         assert isinstance(mail, EmailMessage)

@@ -182,31 +182,6 @@ def test_purge_deletes_by_age(buried: Buried) -> None:
     assert buried.count() == 2
 
 
-@pytest.mark.parametrize(
-    ("args", "complaint"),
-    [
-        (("show", "not-a-uuid"), "is not a message id"),
-        (("show", str(uuid.UUID(int=7))), "not found"),
-        (("requeue", str(uuid.UUID(int=7))), "not found"),
-        (("list", "--since", "yesterday"), "is not a duration"),
-        (("purge", "--older-than", "soon"), "is not a duration"),
-        (("purge",), "--older-than"),
-        (("requeue",), "one of them"),
-        (("requeue", "--all", "--topic", "mail.a"), "one of them"),
-        (("list", "--topic", "Bad Topic"), "must match"),
-    ],
-)
-def test_bad_arguments_are_one_line_exit_2_and_change_nothing(
-    buried: Buried, args: tuple[str, ...], complaint: str
-) -> None:
-    code, _, err = buried.run(*args)
-
-    assert code == 2
-    assert len(err.strip().splitlines()) == 1, err
-    assert complaint in err
-    assert buried.count() == 4
-
-
 def test_commands_work_on_the_embedded_default_when_asked(tmp_path: Path) -> None:
     data = tmp_path / "data"
 

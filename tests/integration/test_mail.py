@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import ssl
 from collections.abc import Iterator
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ from examples.signin import (
     request_login_link,
 )
 from examples.signin.errors import EmailTaken, InvalidCode, InvalidToken, UnknownAccount
-from outbox import NotFound, Relay, RelayConfig, backoff, new_message
-from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, mail_handlers
+from outbox import NotFound, Relay, RelayConfig, Unavailable, backoff, new_message
+from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, SmtpSender, mail_handlers
 from outbox.postgres import PostgresStore
 from outbox.service.settings import SmtpSettings
 from tests.integration.smtp import PASSWORD, USER, Inbox, free_port, self_signed, smtp_server
@@ -189,11 +190,12 @@ async def test_smtp_server_down_is_retried_and_delivered_when_it_returns(
 
     await mail.drain()
     state = await app_store.get(m.id)
-    assert state.last_error is not None
-    assert state.due_at == T0 + backoff(1)
+    assert "SMTPConnectError" in (state.last_error or "")
+    assert state.due_at == T0 + dt.timedelta(seconds=1)
+    assert state.message.attempts == 0  # the server is down, not the message at fault
 
     with smtp_server(port) as (inbox, _):
-        mail.now += backoff(1)
+        mail.now += dt.timedelta(seconds=1)
         await mail.drain()
 
     assert [x["Message-ID"] for x in inbox.mails] == [f"<{m.id}@app.example.com>"]
@@ -225,6 +227,64 @@ async def test_permanent_refusal_is_buried_with_the_servers_reply(
     assert state.message.attempts == 1
     assert "550 5.1.1 no such mailbox" in (state.last_error or "")
     assert inbox[0].mails == []
+
+
+async def test_a_refused_sender_address_waits_for_the_settings_to_be_fixed(
+    mail: Mail, inbox: tuple[Inbox, int]
+) -> None:
+    inbox[0].sender = "553 5.7.1 sender address not allowed"
+    m = await request_login_link(mail.store, "ida@example.com", now=T0, link_base=BASE)
+
+    await mail.drain()
+
+    state = await mail.store.get(m.id)
+    assert state.buried_at is None
+    assert state.message.attempts == 0
+    assert "553 5.7.1" in (state.last_error or "")
+
+    inbox[0].sender = None
+    mail.now += dt.timedelta(seconds=1)
+    await mail.drain()
+    assert [x["Message-ID"] for x in inbox[0].mails] == [f"<{m.id}@app.example.com>"]
+
+
+async def test_content_refused_with_5xx_is_buried(mail: Mail, inbox: tuple[Inbox, int]) -> None:
+    inbox[0].data = "554 5.6.0 message content rejected"
+    m = await request_login_link(mail.store, "jon@example.com", now=T0, link_base=BASE)
+
+    await mail.drain()
+
+    state = await mail.store.get(m.id)
+    assert state.buried_at is not None
+    assert "554 5.6.0 message content rejected" in (state.last_error or "")
+
+
+async def test_an_unavailable_server_is_retried_as_long_again_as_it_has_been_down(
+    inbox: tuple[Inbox, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="outbox")
+    clock = [100.0]
+    sender = SmtpSender(smtp_settings(free_port()), monotonic=lambda: clock[0])
+    mail = EmailMessage()
+    mail["From"] = "noreply@app.example.com"
+    mail["To"] = "kai@example.com"
+    mail.set_content("hi")
+
+    waits = []
+    for step in (0, 0, 3, 10, 1000):
+        clock[0] += step
+        with pytest.raises(Unavailable) as raised:
+            await sender.send(mail)
+        waits.append(raised.value.delay.total_seconds())
+    assert waits == [1, 1, 3, 13, 300]
+    assert sender.up is False
+    assert sum("unavailable" in r.getMessage() for r in caplog.records) == 1
+
+    sender.settings = smtp_settings(inbox[1])
+    await sender.send(mail)
+    assert sender.up is True
+    assert len(inbox[0].mails) == 1
+    assert any("reachable again after 5 failures" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("to", ["ivy@example.com\r\nBcc: all@example.com", "ivy@example.com\n"])
@@ -284,15 +344,29 @@ async def test_starttls_and_auth(app_store: PostgresStore, certificate: tuple[Pa
         )
         m1 = await request_login_link(app_store, "jo@example.com", now=T0, link_base=BASE)
         await good.drain()
-        m2 = await request_login_link(app_store, "kim@example.com", now=T0, link_base=BASE)
-        await bad.drain()
+        m2 = await request_login_link(
+            app_store, "kim@example.com", now=T0, link_base=BASE, ttl=dt.timedelta(days=1)
+        )
+        for _ in range(12):  # more tries than max_attempts allows
+            await bad.drain()
+            bad.now += dt.timedelta(minutes=10)
 
-    assert [x["Message-ID"] for x in inbox.mails] == [f"<{m1.id}@app.example.com>"]
-    assert inbox.logins == [USER.encode()]
-    state = await app_store.get(m2.id)
-    assert state.buried_at is not None
-    assert "535" in (state.last_error or "")
-    assert PASSWORD not in (state.last_error or "")
+        # A wrong password is the relay's fault, not the message's: it waits.
+        state = await app_store.get(m2.id)
+        assert state.buried_at is None
+        assert state.message.attempts == 0
+        assert "535" in (state.last_error or "")
+        assert "wrong" not in (state.last_error or "")
+        assert bad.handlers is not good.handlers
+
+        good.now = bad.now
+        await good.drain()
+
+    assert [x["Message-ID"] for x in inbox.mails] == [
+        f"<{m1.id}@app.example.com>",
+        f"<{m2.id}@app.example.com>",
+    ]
+    assert inbox.logins == [USER.encode()] * 2
 
 
 async def test_login_codes_work_once_and_expire(app_store: PostgresStore) -> None:

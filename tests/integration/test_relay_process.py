@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import anyio
-import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox.postgres import migrate
@@ -143,31 +142,6 @@ def test_second_signal_exits_at_once_and_hands_the_batch_back(
     assert count(db, "SELECT count(*) FROM outbox_messages WHERE leased_until IS NULL") == 3
 
 
-@pytest.mark.parametrize(
-    ("settings", "variable"),
-    [
-        ({"OUTBOX_INTERVAL": "soon"}, "OUTBOX_INTERVAL"),
-        ({"OUTBOX_LEASE": "10s"}, "OUTBOX_LEASE"),
-        ({"OUTBOX_LOG_LEVEL": "loud"}, "OUTBOX_LOG_LEVEL"),
-        ({"OUTBOX_HTTP_PORT": "http"}, "OUTBOX_HTTP_PORT"),
-        ({"OUTBOX_HANDLERS": "no-colon"}, "OUTBOX_HANDLERS"),
-        ({"OUTBOX_HANDLERS": "tests.nowhere:handlers"}, "OUTBOX_HANDLERS"),
-        ({"OUTBOX_LOG_TOPICS": "Bad Topic"}, "OUTBOX_LOG_TOPICS"),
-    ],
-)
-def test_bad_configuration_is_one_line_naming_the_setting(
-    settings: dict[str, str], variable: str
-) -> None:
-    env = {"OUTBOX_LOG_TOPICS": "a", "OUTBOX_DATABASE_URL": "host=/nonexistent", **settings}
-
-    result = run_outbox("relay", **env)
-
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"outbox relay: {variable}: ")
-
-
 def test_unreachable_database_at_start_is_one_line_without_the_password() -> None:
     url = "postgresql://outbox:hunter2-secret@127.0.0.1:1/outbox?connect_timeout=2"
 
@@ -178,14 +152,6 @@ def test_unreachable_database_at_start_is_one_line_without_the_password() -> Non
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("outbox relay: OUTBOX_DATABASE_URL: cannot connect")
     assert "hunter2" not in result.stderr
-
-
-def test_usage_errors_are_one_line() -> None:
-    result = run_outbox("relay", "--bogus")
-
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert "unrecognized arguments: --bogus" in result.stderr
 
 
 def test_help_lists_every_setting_of_the_relay() -> None:

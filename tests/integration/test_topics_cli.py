@@ -58,29 +58,6 @@ def test_set_pause_resume_delete_round_trip(db: str) -> None:
     assert listed(db)["orders.placed"]["registered"] is False
 
 
-@pytest.mark.parametrize(
-    ("args", "complaint"),
-    [
-        (
-            ("set", "mail.login_link", "--timeout", "5m"),
-            "--timeout: 5m does not stay below the relays' lease (2m)",
-        ),
-        (("set", "orders.placed", "--max-attempts", "0"), "must be at least 1"),
-        (("set", "orders.placed", "--config", "[1]"), "must be a JSON object"),
-        (("pause", "Bad Topic"), "must match"),
-    ],
-)
-def test_bad_topic_settings_are_one_line_exit_2(
-    db: str, args: tuple[str, ...], complaint: str
-) -> None:
-    code, _, err = topics(db, *args)
-
-    assert code == 2
-    assert len(err.strip().splitlines()) == 1, err
-    assert complaint in err
-    assert "orders.placed" not in listed(db)
-
-
 def test_an_entry_an_outboxtopic_governs_is_refused_unless_forced(db: str) -> None:
     async def govern() -> None:
         from outbox.postgres import PostgresStore, connect_pool

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, FilePath, SecretStr
+from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.relay.config import ENV_PREFIX, Duration
@@ -90,6 +90,11 @@ class NatsSettings(BaseSettings):
         description="Longest wait for one connection attempt.",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        return _schemes(value, ("nats", "tls", "ws", "wss"), "nats://host:4222")
+
     def servers(self) -> list[str]:
         return [u.strip() for u in self.url.split(",") if u.strip()]
 
@@ -109,5 +114,24 @@ class WebhookSettings(BaseSettings):
         ),
     )
 
+    @field_validator("allow")
+    @classmethod
+    def _prefixes(cls, value: str) -> str:
+        return _schemes(value, ("http", "https"), "https://billing.internal/") if value else value
+
     def prefixes(self) -> list[str]:
         return [p.strip() for p in self.allow.split(",") if p.strip()]
+
+
+def _schemes(value: str, schemes: tuple[str, ...], example: str) -> str:
+    """Refuse a comma-separated list holding anything but URLs with one of ``schemes``."""
+    items = [item.strip() for item in value.split(",")]
+    for item in items:
+        scheme, sep, rest = item.partition("://")
+        if not sep or scheme.lower() not in schemes or not rest:
+            raise ValueError(
+                f"{item!r} is not a URL starting {' or '.join(f'{s}://' for s in schemes)} "
+                f"(like {example}); "
+                "separate several with commas"
+            )
+    return value

@@ -171,6 +171,7 @@ class PostgresStore:
         items: Sequence[tuple[Message, dt.timedelta, str]],
         *,
         now: dt.datetime | None = None,
+        uncounted: Collection[uuid.UUID] = (),
     ) -> set[uuid.UUID]:
         if not items:
             return set()
@@ -180,6 +181,7 @@ class PostgresStore:
             "tokens": [m.lease for m, _, _ in items],
             "delays": [d for _, d, _ in items],
             "reasons": [r for _, _, r in items],
+            "counted": [m.id not in uncounted for m, _, _ in items],
         }
         return {r[0] for r in await self._fetch(_RETRY_MANY, params)}
 

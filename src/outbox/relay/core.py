@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox.clock import Clock, system_clock
 from outbox.durations import format_duration
-from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable
+from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable, Unavailable
 from outbox.message import validate_topic
 from outbox.relay.backoff import backoff
 from outbox.relay.config import RelayConfig
@@ -421,6 +421,9 @@ class Relay:
             self.settler.ack(held, dropped=exc.reason)
         except RetryAfter as exc:
             self._fail(held, exc.reason, exc.delay)
+        except Unavailable as exc:
+            self._decide(held)  # the receiver is at fault, not the message: not counted
+            self.settler.retry(held, exc.delay, exc.reason, counted=False)
         except Exception as exc:
             self._fail(held, f"{type(exc).__name__}: {exc}")
         except anyio.get_cancelled_exc_class():

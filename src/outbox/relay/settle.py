@@ -71,7 +71,7 @@ class Held:
     """Its outcome is known (queued for writing, or written)."""
 
 
-Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str], tuple[Held, str])
+Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str, bool], tuple[Held, str])
 
 
 class Settler:
@@ -95,7 +95,7 @@ class Settler:
         self.written = written
         self.acks: list[Held] = []
         self.dropped: dict[uuid.UUID, str] = {}
-        self.retries: list[tuple[Held, dt.timedelta, str]] = []
+        self.retries: list[tuple[Held, dt.timedelta, str, bool]] = []
         self.buries: list[tuple[Held, str]] = []
         self.releases: list[Held] = []
         self._ready: anyio.Event | None = None
@@ -110,8 +110,9 @@ class Settler:
             self.dropped[held.message.id] = dropped
         self._poke()
 
-    def retry(self, held: Held, delay: dt.timedelta, reason: str) -> None:
-        self.retries.append((held, delay, clean_reason(reason)))
+    def retry(self, held: Held, delay: dt.timedelta, reason: str, *, counted: bool = True) -> None:
+        """Retry after ``delay``; ``counted`` False hands the attempt back (Unavailable)."""
+        self.retries.append((held, delay, clean_reason(reason), counted))
         self._poke()
 
     def bury(self, held: Held, reason: str) -> None:
@@ -172,7 +173,7 @@ class Settler:
                     stage = 1
                     if retries:
                         await self._retries(retries)
-                        self._over(h for h, _, _ in retries)
+                        self._over(h for h, _, _, _ in retries)
                     stage = 2
                     if buries:
                         await self._buries(buries)
@@ -217,12 +218,14 @@ class Settler:
                 self.metrics.dropped.labels(m.topic, reason).inc()
                 log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
 
-    async def _retries(self, retries: list[tuple[Held, dt.timedelta, str]]) -> None:
+    async def _retries(self, retries: list[tuple[Held, dt.timedelta, str, bool]]) -> None:
         await self._fenced(
             "retry",
             retries,
             lambda items: self.store.retry_many(
-                [(h.message, delay, reason) for h, delay, reason in items], now=self.now()
+                [(h.message, delay, reason) for h, delay, reason, _ in items],
+                now=self.now(),
+                uncounted={h.message.id for h, _, _, counted in items if not counted},
             ),
             self._retried,
         )
@@ -254,10 +257,13 @@ class Settler:
             else:
                 self._lost(item[0].message, what)
 
-    def _retried(self, item: tuple[Held, dt.timedelta, str]) -> None:
-        m, delay, reason = item[0].message, item[1], item[2]
+    def _retried(self, item: tuple[Held, dt.timedelta, str, bool]) -> None:
+        held, delay, reason, counted = item
+        m = held.message
         self.metrics.topic(m.topic).retried.inc()
-        log.warning(
+        # An uncounted retry means the receiver is down; its handler says so once.
+        log.log(
+            logging.WARNING if counted else logging.DEBUG,
             "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
             m.id,
             m.topic,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import anyio
@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox.durations import format_duration
-from outbox.errors import OutboxError
+from outbox.errors import ConfigError, OutboxError
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
@@ -93,15 +93,22 @@ async def database(
 
 async def _check_reachable(url: str) -> None:
     try:
-        conninfo_to_dict(url)
+        params = conninfo_to_dict(url)
     except psycopg.Error:
         # libpq's own message quotes the string around the error, which may be
         # the tail of a password: say what is wrong without repeating any of it.
-        raise StartupError(
-            "OUTBOX_DATABASE_URL: not a valid libpq URL or conninfo string (in a URL, "
-            "percent-encode special characters of the password: space %20, @ %40, % %25, "
-            "/ %2F; in key=value form, single-quote values with spaces)"
+        raise ConfigError(
+            "OUTBOX_DATABASE_URL",
+            "not a valid libpq URL or conninfo string (in a URL, percent-encode special "
+            "characters of the password: space %20, @ %40, % %25, / %2F; in key=value form, "
+            "single-quote values with spaces)",
         ) from None
+    if "@" in str(params.get("host") or ""):
+        # An unencoded @ in a URL's password: the rest of the password became the host.
+        raise ConfigError(
+            "OUTBOX_DATABASE_URL",
+            "the host part holds an '@': percent-encode @ in the user or password as %40",
+        )
     try:
         conn = await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT)
     except psycopg.Error as exc:
@@ -120,16 +127,23 @@ async def _check_migrated(url: str) -> None:
 
 
 async def run_relay(
-    settings: ServiceSettings, config: RelayConfig, handlers: Mapping[str, Handler]
+    settings: ServiceSettings,
+    config: RelayConfig,
+    handlers: Mapping[str, Handler],
+    checks: Sequence[Callable[[], bool]] = (),
 ) -> None:
-    """Run one relay process until a signal stops it."""
+    """Run one relay process until a signal stops it.
+
+    ``checks`` join readiness: each says whether a dependency (the SMTP server)
+    currently takes this relay's deliveries.
+    """
     async with anyio.create_task_group() as tg:
         shutdown = _Shutdown(tg.cancel_scope)
         tg.start_soon(shutdown.watch)
         try:
             async with database(settings) as url:
                 await _check_migrated(url)
-                await _serve(url, settings, config, handlers, shutdown)
+                await _serve(url, settings, config, handlers, shutdown, checks)
         finally:
             tg.cancel_scope.cancel()
     if shutdown.forced is not None:
@@ -142,6 +156,7 @@ async def _serve(
     config: RelayConfig,
     handlers: Mapping[str, Handler],
     shutdown: _Shutdown,
+    checks: Sequence[Callable[[], bool]] = (),
 ) -> None:
     # A short wait for a connection: during an outage every store call fails
     # within seconds (and says so), and SIGTERM is not held up by it.
@@ -153,7 +168,7 @@ async def _serve(
         shutdown.relay = relay
 
         async def ready() -> bool:
-            if relay.stopping:
+            if relay.stopping or not all(check() for check in checks):
                 return False
             with anyio.move_on_after(2):
                 try:

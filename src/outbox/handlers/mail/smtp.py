@@ -9,16 +9,21 @@ one-time codes: it is never logged, and errors never quote it.
 
 from __future__ import annotations
 
+import datetime as dt
 import email.utils
 import html
+import logging
 import ssl
+import time
+from collections.abc import Callable
 from email.message import EmailMessage
 from typing import TypeVar
 
 import aiosmtplib
+from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
-from outbox.errors import Dropped, Permanent
+from outbox.errors import Dropped, Permanent, Unavailable
 from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 from outbox.handlers.settings import SmtpSettings
 from outbox.message import Message
@@ -29,19 +34,58 @@ __all__ = ["SmtpSender", "compose_email_change", "compose_login_link", "mail_han
 P = TypeVar("P", bound=BaseModel)
 
 
-class SmtpSender:
-    """Sends one email per connection; 5xx replies become Permanent."""
+_UP = Gauge(
+    "outbox_smtp_up",
+    "1 while this relay's last talk with the SMTP server got past connect, TLS, login and "
+    "sender; 0 while the server or the relay's settings are at fault.",
+)
+_LONGEST_WAIT = 300.0
 
-    def __init__(self, settings: SmtpSettings) -> None:
+log = logging.getLogger("outbox.handlers.mail")
+
+# The server or the relay's own settings are at fault, not the message: every
+# message would fail the same way, so none is buried for it.
+_RELAY_SIDE = (
+    aiosmtplib.SMTPConnectError,  # refused, unreachable, 421/554 on connect
+    aiosmtplib.SMTPHeloError,
+    aiosmtplib.SMTPAuthenticationError,  # 535: a wrong password
+    aiosmtplib.SMTPSenderRefused,  # MAIL FROM refused: the sender address
+    aiosmtplib.SMTPNotSupported,  # no STARTTLS or AUTH where the settings want it
+    aiosmtplib.SMTPServerDisconnected,
+    aiosmtplib.SMTPTimeoutError,
+    ssl.SSLError,
+    OSError,
+)
+
+
+class SmtpSender:
+    """Sends one email per connection, sorting failures by who is at fault.
+
+    Only a 5xx about the message itself (every recipient refused, the content
+    rejected) is Permanent. A failure of the server or of the relay's settings
+    (connect, TLS, login, the sender address) raises Unavailable: retried
+    after a growing delay without counting the attempt, logged once, with
+    ``up`` (and ``outbox_smtp_up``) 0 until a send gets through again. Any
+    other failure (4xx) is an ordinary retry.
+    """
+
+    def __init__(
+        self, settings: SmtpSettings, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         if not settings.host:
             raise ValueError("outbox: SMTP is not configured (OUTBOX_SMTP_HOST)")
         self.settings = settings
         self.host = settings.host
+        self.up = True
+        self._monotonic = monotonic
+        self._down_since = 0.0
+        self._failures = 0
         self._tls_context: ssl.SSLContext | None = None
         if settings.tls != "none":
             self._tls_context = ssl.create_default_context(
                 cafile=str(settings.ca_file) if settings.ca_file else None
             )
+        _UP.set(1)
 
     async def send(self, mail: EmailMessage) -> None:
         s = self.settings
@@ -58,14 +102,58 @@ class SmtpSender:
                 timeout=s.timeout.total_seconds(),
             )
         except aiosmtplib.SMTPRecipientsRefused as exc:
+            self._reached()
             replies = "; ".join(f"{r.code} {r.message}" for r in exc.recipients)
             if all(r.code >= 500 for r in exc.recipients):
                 raise Permanent(f"smtp: recipients refused: {replies}") from exc
             raise aiosmtplib.SMTPException(f"recipients refused: {replies}") from exc
+        except aiosmtplib.SMTPDataError as exc:
+            self._reached()
+            if exc.code >= 500:
+                raise Permanent(f"smtp: content refused: {exc.code} {exc.message}") from exc
+            raise
+        except _RELAY_SIDE as exc:
+            raise self._unavailable(exc) from exc
         except aiosmtplib.SMTPResponseException as exc:
             if exc.code >= 500:
-                raise Permanent(f"smtp: {exc.code} {exc.message}") from exc
+                raise self._unavailable(exc) from exc
             raise
+        self._reached()
+
+    def _reached(self) -> None:
+        """The server took the connection, our login and our sender."""
+        if not self.up:
+            log.info("smtp server %s reachable again after %d failures", self.host, self._failures)
+        self.up, self._failures = True, 0
+        _UP.set(1)
+
+    def _unavailable(self, exc: BaseException) -> Unavailable:
+        """Wait as long again as the server has been down (1 s to 5 min).
+
+        Measured from the first failure, not counted per failure, so a burst
+        of messages failing together does not jump straight to the longest wait.
+        """
+        reason = _describe(exc)
+        self._failures += 1
+        if self.up:
+            log.warning(
+                "smtp server %s is unavailable or refuses this relay's settings: %s; "
+                "messages wait (not buried) and are retried",
+                self.host,
+                reason,
+            )
+            self._down_since = self._monotonic()
+        self.up = False
+        _UP.set(0)
+        wait = min(max(self._monotonic() - self._down_since, 1.0), _LONGEST_WAIT)
+        return Unavailable(dt.timedelta(seconds=round(wait, 3)), f"smtp: {reason}")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, aiosmtplib.SMTPResponseException):
+        return f"{exc.code} {exc.message}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _email(
@@ -164,9 +252,10 @@ def mail_handlers(
     settings: SmtpSettings,
     *,
     clock: Clock = system_clock,
+    sender: SmtpSender | None = None,
 ) -> dict[str, Handler]:
-    """The handlers of the mail topics, sending through ``settings``' server."""
-    smtp = SmtpSender(settings)
+    """The handlers of the mail topics, sending through ``sender`` (or ``settings``' server)."""
+    smtp = sender or SmtpSender(settings)
 
     async def login_link(m: Message) -> None:
         p = _payload(m, LoginLink)

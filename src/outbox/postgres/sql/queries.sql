@@ -132,12 +132,15 @@ WHERE id = %(id)s
 -- message_retry_many --
 -- Make messages due again after their delays, each only while its lease
 -- token still holds it; returns the ids written (the rest lost their lease).
+-- An uncounted retry gives the attempt back: the receiver failed, not the message.
 UPDATE outbox_messages AS m
 SET due_at = coalesce(%(now)s::timestamptz, now()) + o.delay,
     leased_until = NULL,
-    last_error = o.reason
-FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays)s::interval[], %(reasons)s::text[])
-     AS o(id, token, delay, reason)
+    last_error = o.reason,
+    attempts = CASE WHEN o.counted THEN m.attempts ELSE greatest(m.attempts - 1, 0) END
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays)s::interval[], %(reasons)s::text[],
+            %(counted)s::boolean[])
+     AS o(id, token, delay, reason, counted)
 WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
 RETURNING m.id;
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+import psycopg
 from pydantic import ValidationError
 
 from outbox.errors import ConfigError, NotFound, OutboxError
@@ -35,11 +36,25 @@ def _one_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _database_error(exc: psycopg.Error) -> str:
+    """A database error in one line, without anything that could quote a password."""
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        return (
+            "OUTBOX_DATABASE_URL: the outbox schema is missing or out of date: run `outbox migrate`"
+        )
+    first = str(exc).strip().splitlines()
+    return "database error: " + logs.redact(first[0] if first else type(exc).__name__)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command (outbox.service.cli.main wraps it)."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     prog = " ".join(["outbox", args.command, *([args.action] if "action" in args else [])])
+    if extra:  # named by the command they were given to, not by `outbox`
+        parser.exit(
+            2, f"{prog}: error: unrecognized arguments: {' '.join(extra)} (see {prog} --help)\n"
+        )
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -57,6 +72,9 @@ def run(argv: Sequence[str] | None = None) -> int:
             return exc.exit_code
         if isinstance(exc, OutboxError):
             print(f"{prog}: {logs.redact(str(exc))}", file=sys.stderr)
+            return 1
+        if isinstance(exc, psycopg.Error):
+            print(f"{prog}: {_database_error(exc)}", file=sys.stderr)
             return 1
         if isinstance(exc, KeyboardInterrupt):
             return 130

@@ -164,7 +164,10 @@ def hide_secrets(settings: ServiceSettings) -> None:
     if settings.database_url is not None:
         url = settings.database_url.get_secret_value()
         try:
-            logs.hide(str(conninfo_to_dict(url).get("password") or ""))
+            params = conninfo_to_dict(url)
+            logs.hide(str(params.get("password") or ""))
+            if "@" in str(params.get("host") or ""):  # the tail of a password with an @
+                logs.hide(str(params["host"]))
         except Exception:  # unparseable: the start-up check says so without quoting it
             logs.hide(*url.split())
     for model, fields in ((SmtpSettings, ("password",)), (NatsSettings, ("password", "token"))):

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import logging
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -57,19 +57,27 @@ def run(args: argparse.Namespace) -> int:
 
     settings = service_settings()
     config = RelayConfig.from_env()
-    handlers = _handlers(settings)
-    anyio.run(run_relay, settings, config, handlers)
+    for kind_settings in (NatsSettings, WebhookSettings):
+        load(kind_settings)  # refused here, before anything starts; the process loads them again
+    checks: list[Callable[[], bool]] = []
+    handlers = _handlers(settings, checks)
+    anyio.run(run_relay, settings, config, handlers, checks)
     return 0
 
 
-def _handlers(settings: ServiceSettings) -> dict[str, Handler]:
-    """The handlers this relay enables: the application's, then the log handler's topics."""
+def _handlers(settings: ServiceSettings, checks: list[Callable[[], bool]]) -> dict[str, Handler]:
+    """The handlers this relay enables: the application's, then the log handler's topics.
+
+    The SMTP server's state joins readiness (``checks``).
+    """
     handlers: dict[str, Handler] = {}
     smtp = load(SmtpSettings)
     if smtp.enabled:
-        from outbox.handlers.mail import mail_handlers
+        from outbox.handlers.mail import SmtpSender, mail_handlers
 
-        handlers.update(mail_handlers(smtp))
+        sender = SmtpSender(smtp)
+        checks.append(lambda: sender.up)
+        handlers.update(mail_handlers(smtp, sender=sender))
     if settings.handlers:
         for topic, handler in _import_handlers(settings.handlers).items():
             handlers[topic] = handler  # the application's own win over built-in ones
