@@ -16,7 +16,16 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from outbox import Message, NotFound, Permanent, Relay, RelayConfig, Store, new_message
+from outbox import (
+    Message,
+    NotFound,
+    Permanent,
+    Relay,
+    RelayConfig,
+    Store,
+    Unavailable,
+    new_message,
+)
 from outbox.handlers import HandlerKinds
 from outbox.store import RelayInfo, TopicSettings
 
@@ -264,7 +273,13 @@ async def permanent(m: Message) -> None:
     raise Permanent("550 no such mailbox")
 
 
-@pytest.mark.parametrize("verdict", [fail, permanent], ids=["retry", "bury"])
+async def unavailable(m: Message) -> None:
+    raise Unavailable(dt.timedelta(seconds=5), "smtp: 535 authentication failed")
+
+
+@pytest.mark.parametrize(
+    "verdict", [fail, permanent, unavailable], ids=["retry", "bury", "unavailable"]
+)
 async def test_a_stale_relays_verdict_does_not_touch_the_new_holder(
     fleet: Fleet, verdict: Callable[[Message], Awaitable[None]]
 ) -> None:
@@ -276,6 +291,7 @@ async def test_a_stale_relays_verdict_does_not_touch_the_new_holder(
     assert state.buried_at is None
     assert state.last_error is None
     assert state.leased_until == fleet.now + dt.timedelta(minutes=2)  # still the new holder's
+    assert state.message.attempts == 2  # A's uncounted retry gave back none of B's
     assert fleet.metric(stalled.a, "outbox_lease_lost_total", "orders.placed") == 1
     assert fleet.metric(stalled.a, "outbox_retried_total", "orders.placed") == 0
     assert fleet.metric(stalled.a, "outbox_buried_total", "orders.placed") == 0
