@@ -245,7 +245,7 @@ def reference(url: str, n: int) -> float:
     return rate
 
 
-def compare(url: str, baseline: str, n: int, rounds: int) -> None:
+def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="outbox-baseline-") as tmp:
         systems = {"baseline": export(baseline, Path(tmp)), "current": REPO / "src"}
         print(f"baseline {baseline}; current: the working tree; {n} messages")
@@ -261,6 +261,8 @@ def compare(url: str, baseline: str, n: int, rounds: int) -> None:
                 f"  reference {ref:,.0f} (current/reference {cur / ref:.2f})",
                 flush=True,
             )
+        if drain_only:
+            return
         slow_n = 60_000
         for name, src in systems.items():
             got = run_system(src, "slow", url, slow_n)
@@ -296,6 +298,7 @@ def main() -> int:
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--drain-only", action="store_true", help="only the drain rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -304,7 +307,7 @@ def main() -> int:
     from server import postgres
 
     with postgres(args.database_url) as url:
-        compare(url, args.baseline, args.messages, args.rounds)
+        compare(url, args.baseline, args.messages, args.rounds, args.drain_only)
     return 0
 
 

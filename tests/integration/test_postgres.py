@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import socket
+from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import psycopg
@@ -60,27 +62,55 @@ async def test_add_joins_the_callers_own_transaction(pg_store: PostgresStore) ->
     assert [m.json() for m in claimed] == [{"to": "kept"}]
 
 
-async def test_claim_is_served_by_the_partial_index(pg_store: PostgresStore) -> None:
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+async def test_a_claim_steps_over_none_of_the_rows_in_flight(pg_store: PostgresStore) -> None:
+    msgs = [new_message("orders.placed", {"n": i}, T0) for i in range(600)]
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, *msgs)
+    await pg_store.claim(T0, LEASE, 400)  # in flight, at the front of the line
+    async with pg_store.pool.connection() as conn:
+        await conn.execute("ANALYZE outbox_messages")
+
     async with pg_store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
         cur = await conn.execute(
-            b"EXPLAIN " + QUERIES["message_claim"].encode(),
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["message_claim"].encode(),
             {
-                "now": None,
+                "now": T0 + dt.timedelta(seconds=1),
                 "lease": LEASE,
                 "limit": 10,
                 "token": None,
                 "topics": ["orders.placed"],
-                "capped": [],
-                "caps": [],
+                "capped": ["orders.placed"],
+                "caps": [5],
                 "isolate": True,
                 "solo": False,
             },
         )
-        plan = "\n".join(r[0] for r in await cur.fetchall())
+        [[[explained]]] = await cur.fetchall()
+        raise psycopg.Rollback  # EXPLAIN ANALYZE ran the claim: undo it
 
-    assert "outbox_messages_due_idx" in plan
-    assert "CTE free" in plan  # MATERIALIZED kept the limited selection fenced
+    # The scans that look for messages to claim (not the UPDATE's look-ups by id):
+    scans = [
+        n
+        for n in _nodes(explained["Plan"])
+        if n.get("Relation Name") == "outbox_messages"
+        and n["Node Type"] != "ModifyTable"
+        and n.get("Index Name") != "outbox_messages_pkey"
+    ]
+    assert {n.get("Index Name") for n in scans} == {
+        "outbox_messages_ready_idx",
+        "outbox_messages_leased_idx",
+    }
+    for scan in scans:
+        # The ready scans read what they return; the leased ones find no orphan.
+        assert scan.get("Rows Removed by Filter", 0) == 0, scan
+        assert scan["Actual Rows"] <= 10, scan
 
 
 def _closed_port() -> int:

