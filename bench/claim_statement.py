@@ -1,0 +1,125 @@
+"""The claim statement alone: the working tree's against an earlier commit's, no relay.
+
+Each side gets a fresh schema built by its own migrations, N due messages, and
+a loop that claims 100 and acks the batch claimed four claims earlier (so 400
+rows are in flight, as with a relay's default concurrency) until the table is
+empty. Prints messages per second per round, side by side.
+
+    python bench/claim_statement.py --database-url postgresql://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+REPO = Path(__file__).resolve().parents[1]
+SQL = "src/outbox/postgres/sql"
+IN_FLIGHT = 4
+
+
+def _source(rev: str | None, path: str) -> str:
+    if rev is None:
+        return (REPO / path).read_text()
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _migrations(rev: str | None) -> list[str]:
+    if rev is None:
+        names = sorted(p.name for p in (REPO / SQL / "migrations").glob("*.sql"))
+    else:
+        listed = subprocess.run(
+            ["git", "ls-tree", "--name-only", rev, f"{SQL}/migrations/"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        names = sorted(Path(line).name for line in listed.split())
+    return [_source(rev, f"{SQL}/migrations/{name}") for name in names]
+
+
+def _queries(rev: str | None) -> dict[str, str]:
+    parts = re.split(r"^-- (\w+) --$", _source(rev, f"{SQL}/queries.sql"), flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def drain(url: str, rev: str | None, n: int) -> float:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
+            for migration in _migrations(rev):
+                conn.execute(migration.encode())
+            conn.execute(
+                "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at) "
+                "SELECT gen_random_uuid(), 'orders.placed', '{}', t, t "
+                "FROM (SELECT now() - interval '1 hour' + i * interval '1 ms' AS t "
+                "      FROM generate_series(1, %s) AS i) AS s",
+                (n,),
+            )
+            conn.execute("VACUUM ANALYZE outbox_messages")
+            queries = _queries(rev)
+            claim, ack = queries["message_claim"].encode(), queries["message_ack_many"].encode()
+            params = {
+                "now": None,
+                "lease": "2 min",
+                "limit": 100,
+                "topics": ["orders.placed"],
+                "capped": [],
+                "caps": [],
+                "isolate": True,
+                "solo": False,
+            }
+            in_flight: list[list[uuid.UUID]] = []
+            done = 0
+            started = time.perf_counter()
+            while True:
+                rows = conn.execute(claim, {**params, "token": uuid.uuid4()}).fetchall()
+                ids = [r[0] for r in rows if r[0] is not None]
+                if not ids and not in_flight:
+                    break
+                if ids:
+                    in_flight.append(ids)
+                if len(in_flight) > IN_FLIGHT or not ids:
+                    batch = in_flight.pop(0)
+                    conn.execute(ack, {"ids": batch})
+                    done += len(batch)
+            elapsed = time.perf_counter() - started
+        finally:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    assert done == n, f"{done} of {n} acked"
+    return n / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--baseline", default="dc36889")
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"claim 100, ack 4 claims behind; {args.messages} messages; baseline {args.baseline}")
+    for r in range(args.rounds):
+        base = drain(args.database_url, args.baseline, args.messages)
+        cur = drain(args.database_url, None, args.messages)
+        print(
+            f"round {r + 1}: baseline {base:,.0f}/s  current {cur:,.0f}/s ({cur / base:.2f}x)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
