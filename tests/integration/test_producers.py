@@ -17,7 +17,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox import NotInTransaction, new_message
-from outbox.postgres import add, add_sync, migrate
+from outbox.postgres import add, add_sync, migrate, transaction, transaction_sync, wake_sync
+from outbox.wake import WAKES
 
 pytestmark = pytest.mark.postgres_only
 
@@ -28,6 +29,28 @@ def db(pg_conninfo: str) -> str:
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id uuid PRIMARY KEY, item text NOT NULL)")
     return pg_conninfo
+
+
+class Heard:
+    """What the outbox channel carried, as a relay LISTENing on it would hear it."""
+
+    def __init__(self, db: str) -> None:
+        self.conn = psycopg.connect(db, autocommit=True)
+        self.conn.execute("LISTEN outbox_messages")
+        WAKES.forget()  # each test's first commit notifies
+
+    def __call__(self, expected: int) -> list[str]:
+        """The next ``expected`` payloads (0: whatever arrives within a short wait)."""
+        if expected == 0:
+            return [n.payload for n in self.conn.notifies(timeout=0.3)]
+        return [n.payload for n in self.conn.notifies(timeout=5, stop_after=expected)]
+
+
+@pytest.fixture
+def heard(db: str) -> Iterator[Heard]:
+    listener = Heard(db)
+    yield listener
+    listener.conn.close()
 
 
 def stored(db: str) -> tuple[set[uuid.UUID], set[str]]:
@@ -45,17 +68,20 @@ def order_message(order: uuid.UUID, n: int = 1) -> list[Any]:
 # -- psycopg -----------------------------------------------------------------------------
 
 
-async def test_psycopg_async_commits_and_rolls_back_with_the_change(db: str) -> None:
+async def test_psycopg_async_commits_and_rolls_back_with_the_change(db: str, heard: Heard) -> None:
     kept, lost = uuid.uuid4(), uuid.uuid4()
     async with await psycopg.AsyncConnection.connect(db) as conn:
-        async with conn.transaction():
-            await conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
-            await add(conn, *order_message(kept, 3))
         with pytest.raises(RuntimeError):
-            async with conn.transaction():
+            async with transaction(conn):
                 await conn.execute("INSERT INTO orders VALUES (%s, 'cake')", (lost,))
                 await add(conn, *order_message(lost))
                 raise RuntimeError("the use case failed after adding")
+        assert heard(0) == []  # a rolled-back transaction tells no relay
+        async with transaction(conn):
+            await conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
+            await add(conn, *order_message(kept, 3))
+        assert heard(1) == ["orders.placed"]  # once, after the commit, for three messages
+        assert heard(0) == []
 
     orders, _ = stored(db)
     assert orders == {kept}
@@ -72,16 +98,20 @@ async def test_psycopg_async_outside_a_transaction_is_refused(db: str) -> None:
     assert stored(db) == (set(), set())
 
 
-def test_psycopg_sync_commits_rolls_back_and_refuses_autocommit(db: str) -> None:
+def test_psycopg_sync_commits_rolls_back_and_refuses_autocommit(db: str, heard: Heard) -> None:
     kept, lost = uuid.uuid4(), uuid.uuid4()
-    with psycopg.connect(db) as conn:
-        with conn.transaction():
-            conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
-            add_sync(conn, *order_message(kept, 2))
-        with pytest.raises(RuntimeError), conn.transaction():
+    with psycopg.connect(db) as conn:  # not autocommit: the application commits
+        conn.execute("INSERT INTO orders VALUES (%s, 'tea')", (kept,))
+        add_sync(conn, *order_message(kept, 2))
+        assert wake_sync(conn) is False  # inside the transaction: nothing rides in it
+        conn.commit()
+        assert wake_sync(conn) is True
+        assert heard(1) == ["orders.placed"]
+        with pytest.raises(RuntimeError), transaction_sync(conn):
             conn.execute("INSERT INTO orders VALUES (%s, 'cake')", (lost,))
             add_sync(conn, *order_message(lost))
             raise RuntimeError("the use case failed")
+        assert heard(0) == []
     with psycopg.connect(db, autocommit=True) as conn, pytest.raises(NotInTransaction):
         add_sync(conn, *order_message(uuid.uuid4()))
 
@@ -113,7 +143,7 @@ def _sa_url(db: str, driver: str) -> tuple[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
-def test_sqlalchemy_session_and_connection(db: str, driver: str) -> None:
+def test_sqlalchemy_session_and_connection(db: str, driver: str, heard: Heard) -> None:
     from sqlalchemy import create_engine, text
     from sqlalchemy.orm import Session
 
@@ -123,13 +153,15 @@ def test_sqlalchemy_session_and_connection(db: str, driver: str) -> None:
     engine = create_engine(url, connect_args=args)
     kept, lost, via_conn = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     try:
-        with Session(engine) as session, session.begin():
-            session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
-            sa_add(session, *order_message(kept, 2))
         with pytest.raises(RuntimeError), Session(engine) as session, session.begin():
             session.execute(text("INSERT INTO orders VALUES (:id, 'cake')"), {"id": lost})
             sa_add(session, *order_message(lost))
             raise RuntimeError("the use case failed")
+        assert heard(0) == []
+        with Session(engine) as session, session.begin():
+            session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
+            sa_add(session, *order_message(kept, 2))
+        assert heard(1) == ["orders.placed"]  # after the commit; not for the rollback
         with engine.begin() as conn:
             conn.execute(text("INSERT INTO orders VALUES (:id, 'jam')"), {"id": via_conn})
             sa_add(conn, *order_message(via_conn))
@@ -148,7 +180,7 @@ def test_sqlalchemy_session_and_connection(db: str, driver: str) -> None:
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
-async def test_sqlalchemy_async_session(db: str, driver: str) -> None:
+async def test_sqlalchemy_async_session(db: str, driver: str, heard: Heard) -> None:
     from sqlalchemy import text
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
@@ -158,14 +190,16 @@ async def test_sqlalchemy_async_session(db: str, driver: str) -> None:
     engine = create_async_engine(url, connect_args=args)
     kept, lost = uuid.uuid4(), uuid.uuid4()
     try:
-        async with AsyncSession(engine) as session, session.begin():
-            await session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
-            await add_async(session, *order_message(kept, 3))
         with pytest.raises(RuntimeError):
             async with AsyncSession(engine) as session, session.begin():
                 await session.execute(text("INSERT INTO orders VALUES (:id, 'cake')"), {"id": lost})
                 await add_async(session, *order_message(lost))
                 raise RuntimeError("the use case failed")
+        assert heard(0) == []
+        async with AsyncSession(engine) as session, session.begin():
+            await session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
+            await add_async(session, *order_message(kept, 3))
+        assert heard(1) == ["orders.placed"]  # after the commit; not for the rollback
         async with AsyncSession(engine) as session:
             with pytest.raises(NotInTransaction):
                 await add_async(session, *order_message(uuid.uuid4()))
@@ -218,22 +252,25 @@ def django_db(db: str) -> Iterator[Callable[[], Any]]:
     connections["default"].close()
 
 
-def test_django_add_inside_atomic_only(django_db: Callable[[], Any], db: str) -> None:
+def test_django_add_inside_atomic_only(django_db: Callable[[], Any], db: str, heard: Heard) -> None:
     from django.db import transaction
 
     from outbox.django import add as django_add
 
     kept, lost = uuid.uuid4(), uuid.uuid4()
     connection = django_db()
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("INSERT INTO orders VALUES (%s, 'tea')", [str(kept)])
-        django_add(*order_message(kept, 2))
     with pytest.raises(RuntimeError), transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("INSERT INTO orders VALUES (%s, 'cake')", [str(lost)])
         django_add(*order_message(lost))
         raise RuntimeError("the view failed")
+    assert heard(0) == []
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("INSERT INTO orders VALUES (%s, 'tea')", [str(kept)])
+        django_add(*order_message(kept, 2))
+        assert heard(0) == []  # not before the commit
+    assert heard(1) == ["orders.placed"]
     with pytest.raises(NotInTransaction, match="Django's connection 'default'"):
         django_add(*order_message(uuid.uuid4()))
 

@@ -5,7 +5,8 @@ connection, so the message commits or rolls back with the ORM changes of the
 same atomic block. Outside one (Django's autocommit) it raises
 NotInTransaction and stores nothing. Adding ``"outbox.django"`` to
 INSTALLED_APPS lets ``manage.py migrate`` create the outbox tables with the
-same SQL as `outbox migrate`. Needs the ``django`` extra.
+same SQL as `outbox migrate`. Once the block commits (``on_commit``), relays
+are woken for what it added. Needs the ``django`` extra.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from outbox.errors import NotInTransaction
 from outbox.message import Message
 from outbox.postgres.producer import checked, insert_params, named_to
+from outbox.wake import CHANNEL, WAKES
 
 __all__ = ["add"]
 
@@ -21,7 +23,7 @@ _SQL, _NAMES = named_to("format")
 
 def add(*msgs: Message, using: str = "default") -> None:
     """Insert ``msgs`` through Django's connection ``using``, in its atomic block."""
-    from django.db import connections
+    from django.db import connections, transaction
 
     checked(msgs)
     connection = connections[using]
@@ -32,3 +34,15 @@ def add(*msgs: Message, using: str = "default") -> None:
     params = insert_params(msgs, text_ids=True)
     with connection.cursor() as cursor:
         cursor.execute(_SQL, [params[name] for name in _NAMES])
+    topics = {m.topic for m in msgs}
+    transaction.on_commit(lambda: _wake(topics, using), using=using)
+
+
+def _wake(topics: set[str], using: str) -> None:
+    from django.db import connections
+
+    def notify(payload: str) -> None:
+        with connections[using].cursor() as cursor:  # autocommit again, after the block
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+
+    WAKES.send(topics, notify)

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from outbox.postgres.producer import add, add_sync
+from outbox.postgres.producer import (
+    add,
+    add_sync,
+    transaction,
+    transaction_sync,
+    wake,
+    wake_sync,
+)
 
 if TYPE_CHECKING:
     from outbox.postgres.schema import migrate, migrations_sql, pending
@@ -22,6 +29,10 @@ __all__ = [
     "migrate",
     "migrations_sql",
     "pending",
+    "transaction",
+    "transaction_sync",
+    "wake",
+    "wake_sync",
 ]
 
 _LAZY = {

@@ -6,25 +6,49 @@ caller's own transaction, committed or rolled back with the change it
 announces. A connection outside any transaction is refused with
 NotInTransaction (the row would commit on its own), and nothing is stored.
 Many messages are one statement.
+
+Relays wake at once when told after the commit: ``wake(conn)`` (or the
+``transaction(conn)`` context manager, which calls it) sends one notification
+for the topics ``add`` put in through ``conn``, at most once a window per
+topic in this process; without it, relays find the messages at their next
+poll.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import weakref
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, LiteralString
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message, check_message
 from outbox.postgres.queries import QUERIES
+from outbox.wake import CHANNEL, WAKES
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["INSERT_MANY", "add", "add_sync", "checked", "insert_params", "named_to"]
+__all__ = [
+    "INSERT_MANY",
+    "add",
+    "add_sync",
+    "checked",
+    "insert_params",
+    "named_to",
+    "transaction",
+    "transaction_sync",
+    "wake",
+    "wake_sync",
+]
 
 INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
+NOTIFY: LiteralString = "SELECT pg_notify(%s, %s)"
+
+_PENDING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+"""Topics added through each connection and not yet announced."""
 
 
 def insert_params(msgs: Sequence[Message], *, text_ids: bool = False) -> dict[str, Any]:
@@ -78,6 +102,7 @@ async def add(conn: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
         await conn.execute(INSERT_ONE, _one(msgs[0]))
     elif msgs:
         await conn.execute(INSERT_MANY, insert_params(msgs))
+    _PENDING.setdefault(conn, set()).update(m.topic for m in msgs)
 
 
 def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
@@ -88,6 +113,94 @@ def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
         conn.execute(INSERT_ONE, _one(msgs[0]))
     elif msgs:
         conn.execute(INSERT_MANY, insert_params(msgs))
+    _PENDING.setdefault(conn, set()).update(m.topic for m in msgs)
+
+
+def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def _intrans(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    return conn.info.transaction_status == TransactionStatus.INTRANS
+
+
+async def wake(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """After the commit: wake the relays for what ``add`` put in through ``conn``.
+
+    Does nothing inside a transaction (a notification must not ride in one)
+    and never raises: relays poll anyway. True if a notification went out.
+    """
+    if not _idle(conn):
+        return False
+    topics = _PENDING.pop(conn, None)
+    if not topics:
+        return False
+
+    async def notify(payload: str) -> None:
+        try:
+            await conn.execute(NOTIFY, (CHANNEL, payload))
+        finally:
+            if not conn.autocommit and _intrans(conn):  # the statement's own transaction
+                await conn.commit()
+            elif not conn.autocommit:
+                await conn.rollback()
+
+    return await WAKES.send_async(topics, notify)
+
+
+def wake_sync(conn: psycopg.Connection[Any]) -> bool:
+    """wake(), for a psycopg ``Connection``."""
+    if not _idle(conn):
+        return False
+    topics = _PENDING.pop(conn, None)
+    if not topics:
+        return False
+
+    def notify(payload: str) -> None:
+        try:
+            conn.execute(NOTIFY, (CHANNEL, payload))
+        finally:
+            if not conn.autocommit and _intrans(conn):  # the statement's own transaction
+                conn.commit()
+            elif not conn.autocommit:
+                conn.rollback()
+
+    return WAKES.send(topics, notify)
+
+
+def forget(conn: object) -> None:
+    """Drop what ``conn`` added without announcing it (its transaction rolled back)."""
+    _PENDING.pop(conn, None)
+
+
+@asynccontextmanager
+async def transaction(
+    conn: psycopg.AsyncConnection[Any],
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """``conn.transaction()``, then, once it committed, wake(conn)."""
+    try:
+        async with conn.transaction():
+            yield conn
+    except BaseException:
+        forget(conn)
+        raise
+    await wake(conn)
+
+
+@contextmanager
+def transaction_sync(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """transaction(), for a psycopg ``Connection``."""
+    try:
+        with conn.transaction():
+            yield conn
+    except BaseException:
+        forget(conn)
+        raise
+    wake_sync(conn)
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")

@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message, validate_topic
-from outbox.postgres.producer import add
+from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
     Claimed,
@@ -108,8 +108,11 @@ class PostgresStore:
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection inside a transaction: commit on exit, roll back on error."""
-        async with self._translated(), self.pool.connection() as conn, conn.transaction():
+        """A pooled connection inside a transaction: commit on exit, roll back on error.
+
+        Once committed, relays are woken for the messages added in it.
+        """
+        async with self._translated(), self.pool.connection() as conn, transaction(conn):
             yield conn
 
     async def add(self, tx: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:

@@ -25,7 +25,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -44,6 +44,7 @@ from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
 from outbox.relay.settle import Held, Settler
 from outbox.store import Claimed, Store
+from outbox.wake import WAKE_WINDOW
 
 __all__ = ["Relay"]
 
@@ -108,6 +109,8 @@ class Relay:
         self._housekeeping_done = False
         self._stopping = False
         self._wake: anyio.Event | None = None
+        self._nudged = False
+        self._nap: anyio.Event | None = None
         self._report_by = math.inf
         self._routes_at: dt.datetime | None = None
         self._beat_at: dt.datetime | None = None
@@ -126,6 +129,23 @@ class Relay:
         self._signal()
         if self._wake is not None:
             self._wake.set()
+        if self._nap is not None:
+            self._nap.set()
+
+    def wake(self, topics: Iterable[str] | None = None) -> None:
+        """Messages of ``topics`` (None: any) were committed: claim now, not after the wait.
+
+        Cheap and safe to call for every notification. An idle relay claims at
+        once, and once more ``WAKE_WINDOW`` later (a producer sends at most one
+        notification a window, so that claim finds what the window's later
+        commits added). A busy relay claims again anyway: it only notes it.
+        One that serves none of ``topics`` stays asleep.
+        """
+        if topics is not None and self.router.claimable.isdisjoint(topics):
+            return
+        self._nudged = True
+        if self._nap is not None:
+            self._nap.set()
 
     @property
     def stopping(self) -> bool:
@@ -226,6 +246,7 @@ class Relay:
         failures = 0
         while not self._stopping:
             self._report_by = time.monotonic() + slack
+            woken, self._nudged = self._nudged, False
             try:
                 idle = await self._feed_once(tg)
             except Exception as exc:
@@ -245,7 +266,22 @@ class Relay:
                 log.info("store reachable again after %d failed polls", failures)
                 failures = 0
             if idle:
-                await self._sleep(interval, slack)
+                await self._idle(interval, slack, woken)
+
+    async def _idle(self, interval: float, slack: float, woken: bool) -> None:
+        """Nothing is due: wait an interval, or until woken (see wake()).
+
+        After a claim a wake-up caused, wait only a window: a producer that
+        committed within the window after its last notification sent none.
+        """
+        self._nap = anyio.Event()
+        if self._nudged or self._stopping:  # woken while claiming: claim again now
+            return
+        if woken:
+            interval = min(interval, WAKE_WINDOW)
+        self._report_by = time.monotonic() + interval + slack
+        with anyio.move_on_after(interval):
+            await self._nap.wait()
 
     async def _feed_once(self, tg: anyio.abc.TaskGroup) -> bool:
         """One step of the feeder; True when nothing more is due now."""

@@ -160,6 +160,8 @@ class Router:
         self.served: frozenset[str] = frozenset(routes)
         """Topics this relay can deliver (paused ones too): what it registers."""
         claimable = [t for t in sorted(routes) if t not in paused]
+        self.claimable: frozenset[str] = frozenset(claimable)
+        """Topics a claim may take now (served and not paused)."""
         self.free: list[str] = [t for t in claimable if routes[t].max_in_flight is None]
         """Claimable topics without a cap on deliveries in flight."""
         self.capped: dict[str, int] = {

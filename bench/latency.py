@@ -1,0 +1,213 @@
+"""Commit to handler: how long a message waits for a relay at the design defaults.
+
+For each system (the working tree, and an earlier commit exported from git),
+in a fresh schema on one PostgreSQL: a real ``outbox relay`` process with the
+defaults (interval 1s, batch 10) and a handler that notes when each message
+arrives; a producer that commits one message at a time through
+``store.begin()`` at a steady rate and notes when each commit returned. Then
+the relay's CPU while nothing arrives.
+
+    python bench/latency.py [--database-url URL] [--baseline REF] [--rate 200] [--seconds 15]
+
+Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
+is started. Figures and the command that made them live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+TOPIC = "bench.latency"
+
+
+# -- in the relay process ---------------------------------------------------------------
+
+
+def handlers() -> dict[str, Any]:
+    """OUTBOX_HANDLERS for the relay under test: note each arrival, with its time."""
+    out = open(os.environ["LATENCY_RECEIPTS"], "a", buffering=1)  # noqa: SIM115 - the process's
+
+    async def note(m: Any) -> None:
+        out.write(f"{m.id} {time.time()}\n")
+
+    return {TOPIC: note}
+
+
+# -- in the producer process ------------------------------------------------------------
+
+
+def produce(url: str, rate: float, seconds: float, out_path: str) -> None:
+    """Commit one message every 1/rate s through store.begin(); note each commit's return."""
+    import anyio
+
+    lines: list[str] = []
+
+    async def go() -> None:
+        from outbox import new_message
+        from outbox.postgres import PostgresStore, connect_pool
+
+        async with connect_pool(url, max_size=1) as pool:
+            store = PostgresStore(pool)
+            start = time.monotonic()
+            n = 0
+            while time.monotonic() - start < seconds:
+                m = new_message(TOPIC, {"n": n})
+                async with store.begin() as tx:
+                    await store.add(tx, m)
+                lines.append(f"{m.id} {time.time()}\n")
+                n += 1
+                await anyio.sleep(max(0.0, start + n / rate - time.monotonic()))
+
+    anyio.run(go)
+    Path(out_path).write_text("".join(lines))
+
+
+# -- the harness ------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ready(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the relay did not become ready")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(src: Path, url: str, rate: float, seconds: float, idle: float) -> dict[str, Any]:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    with tempfile.TemporaryDirectory(prefix="outbox-latency-") as tmp:
+        receipts, commits = Path(tmp) / "receipts", Path(tmp) / "commits"
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
+            "PYTHONPATH": os.pathsep.join([str(src), str(BENCH)]),
+            "OUTBOX_DATABASE_URL": conninfo,
+            "LATENCY_RECEIPTS": str(receipts),
+        }
+        cli = [sys.executable, "-m", "outbox.service.cli"]
+        subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
+        port = _free_port()
+        relay = subprocess.Popen(
+            [*cli, "relay"],
+            env={
+                **env,
+                "OUTBOX_HANDLERS": "latency:handlers",
+                "OUTBOX_HTTP_HOST": "127.0.0.1",
+                "OUTBOX_HTTP_PORT": str(port),
+                "OUTBOX_LOG_LEVEL": "warning",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _ready(port)
+            time.sleep(2)  # past the start-up's first claims
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--produce",
+                    conninfo,
+                    str(rate),
+                    str(seconds),
+                    str(commits),
+                ],
+                env=env,
+                check=True,
+            )
+            time.sleep(2)  # the last ones arrive
+            cpu = _cpu_seconds(relay.pid)
+            time.sleep(idle)
+            idle_cores = (_cpu_seconds(relay.pid) - cpu) / idle
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            relay.wait(30)
+        committed = dict(line.split() for line in commits.read_text().splitlines())
+        arrived = dict(line.split() for line in receipts.read_text().splitlines())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    waits = sorted(
+        (float(arrived[i]) - float(t)) * 1000 for i, t in committed.items() if i in arrived
+    )
+    cuts = statistics.quantiles(waits, n=100)
+    return {
+        "messages": len(committed),
+        "arrived": len(waits),
+        "p50_ms": cuts[49],
+        "p99_ms": cuts[98],
+        "idle_cores": idle_cores,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser.add_argument("--baseline", default="7be88ab")
+    parser.add_argument("--rate", type=float, default=200)
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--idle", type=float, default=10, help="seconds of idle CPU to measure")
+    parser.add_argument("--produce", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.produce:
+        url, rate, seconds, out = args.produce
+        produce(url, float(rate), float(seconds), out)
+        return 0
+    from pipeline import export
+    from server import postgres
+
+    with postgres(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
+        systems = {"baseline": export(args.baseline, Path(tmp)), "current": REPO / "src"}
+        print(
+            f"commit -> handler, {args.rate:.0f} msg/s for {args.seconds:.0f} s, interval 1s, "
+            f"batch 10; baseline {args.baseline}"
+        )
+        for name, src in systems.items():
+            got = run(src, url, args.rate, args.seconds, args.idle)
+            print(
+                f"{name}: {got['arrived']}/{got['messages']} arrived, p50 {got['p50_ms']:.1f} ms, "
+                f"p99 {got['p99_ms']:.1f} ms; idle relay {got['idle_cores']:.3f} cores",
+                flush=True,
+            )
+            print(json.dumps({name: got}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
