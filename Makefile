@@ -27,10 +27,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## bench: throughput and pipeline figures (see BENCHMARKS.md)
+## bench: throughput, pipeline and latency figures (see BENCHMARKS.md)
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/latency.py
 
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)

@@ -77,6 +77,56 @@ def produce(url: str, rate: float, seconds: float, out_path: str) -> None:
     Path(out_path).write_text("".join(lines))
 
 
+# -- pgqueuer, the same way -------------------------------------------------------------
+
+
+def pgqueuer_consume(url: str, receipts: str) -> None:
+    """A pgqueuer worker with its defaults (batch 10), noting each job's arrival."""
+    import asyncio
+
+    import psycopg
+    from pgqueuer import Job, PgQueuer, PsycopgDriver
+
+    async def go() -> None:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        pgq = PgQueuer(PsycopgDriver(conn))
+        out = open(receipts, "a", buffering=1)  # noqa: SIM115, ASYNC230 - the process's
+
+        @pgq.entrypoint(TOPIC)
+        async def note(job: Job) -> None:
+            out.write(f"{(job.payload or b'').decode()} {time.time()}\n")
+
+        await pgq.run()
+
+    asyncio.run(go())
+
+
+def pgqueuer_produce(url: str, rate: float, seconds: float, out_path: str) -> None:
+    """Enqueue one job every 1/rate s (its own transaction); note each return."""
+    import asyncio
+
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries
+
+    lines: list[str] = []
+
+    async def go() -> None:
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        queries = Queries(PsycopgDriver(conn))
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < seconds:
+            job = str(uuid.uuid4())
+            await queries.enqueue(TOPIC, job.encode())
+            lines.append(f"{job} {time.time()}\n")
+            n += 1
+            await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+        await conn.close()
+
+    asyncio.run(go())
+    Path(out_path).write_text("".join(lines))
+
+
 # -- the harness ------------------------------------------------------------------------
 
 
@@ -104,7 +154,51 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(src: Path, url: str, rate: float, seconds: float, idle: float) -> dict[str, Any]:
+def _start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    cli = [sys.executable, "-m", "outbox.service.cli"]
+    subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
+    port = _free_port()
+    relay = subprocess.Popen(
+        [*cli, "relay"],
+        env={
+            **env,
+            "OUTBOX_HANDLERS": "latency:handlers",
+            "OUTBOX_HTTP_HOST": "127.0.0.1",
+            "OUTBOX_HTTP_PORT": str(port),
+            "OUTBOX_LOG_LEVEL": "warning",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _ready(port)
+    time.sleep(2)  # past the start-up's first claims
+    return relay
+
+
+def _start_pgqueuer(conninfo: str, receipts: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    import asyncio
+
+    import psycopg
+    from pgqueuer import PsycopgDriver, Queries
+
+    async def install() -> None:
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        await Queries(PsycopgDriver(conn)).install(create_schema=False)
+        await conn.close()
+
+    asyncio.run(install())
+    worker = subprocess.Popen(
+        [sys.executable, __file__, "--pgqueuer-consume", conninfo, str(receipts)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(3)  # the worker connects and listens; it has no readiness to ask
+    return worker
+
+
+def run(src: Path | None, url: str, rate: float, seconds: float, idle: float) -> dict[str, Any]:
+    """One system: outbox from ``src``, or pgqueuer when ``src`` is None."""
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
@@ -117,41 +211,18 @@ def run(src: Path, url: str, rate: float, seconds: float, idle: float) -> dict[s
         receipts, commits = Path(tmp) / "receipts", Path(tmp) / "commits"
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
-            "PYTHONPATH": os.pathsep.join([str(src), str(BENCH)]),
+            "PYTHONPATH": os.pathsep.join([str(src or REPO / "src"), str(BENCH)]),
             "OUTBOX_DATABASE_URL": conninfo,
             "LATENCY_RECEIPTS": str(receipts),
         }
-        cli = [sys.executable, "-m", "outbox.service.cli"]
-        subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
-        port = _free_port()
-        relay = subprocess.Popen(
-            [*cli, "relay"],
-            env={
-                **env,
-                "OUTBOX_HANDLERS": "latency:handlers",
-                "OUTBOX_HTTP_HOST": "127.0.0.1",
-                "OUTBOX_HTTP_PORT": str(port),
-                "OUTBOX_LOG_LEVEL": "warning",
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        producer = [sys.executable, __file__, "--produce", conninfo, str(rate), str(seconds)]
+        if src is None:
+            relay = _start_pgqueuer(conninfo, receipts, env)
+            producer[2] = "--pgqueuer-produce"
+        else:
+            relay = _start_relay(env)
         try:
-            _ready(port)
-            time.sleep(2)  # past the start-up's first claims
-            subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--produce",
-                    conninfo,
-                    str(rate),
-                    str(seconds),
-                    str(commits),
-                ],
-                env=env,
-                check=True,
-            )
+            subprocess.run([*producer, str(commits)], env=env, check=True)
             time.sleep(2)  # the last ones arrive
             cpu = _cpu_seconds(relay.pid)
             time.sleep(idle)
@@ -184,19 +255,32 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--idle", type=float, default=10, help="seconds of idle CPU to measure")
     parser.add_argument("--produce", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--pgqueuer-produce", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--pgqueuer-consume", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:
         url, rate, seconds, out = args.produce
         produce(url, float(rate), float(seconds), out)
         return 0
+    if args.pgqueuer_produce:
+        url, rate, seconds, out = args.pgqueuer_produce
+        pgqueuer_produce(url, float(rate), float(seconds), out)
+        return 0
+    if args.pgqueuer_consume:
+        pgqueuer_consume(*args.pgqueuer_consume)
+        return 0
     from pipeline import export
     from server import postgres
 
     with postgres(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
-        systems = {"baseline": export(args.baseline, Path(tmp)), "current": REPO / "src"}
+        systems: dict[str, Path | None] = {
+            "baseline": export(args.baseline, Path(tmp)),
+            "current": REPO / "src",
+            "pgqueuer": None,
+        }
         print(
             f"commit -> handler, {args.rate:.0f} msg/s for {args.seconds:.0f} s, interval 1s, "
-            f"batch 10; baseline {args.baseline}"
+            f"batch 10 (pgqueuer: its defaults); baseline {args.baseline}"
         )
         for name, src in systems.items():
             got = run(src, url, args.rate, args.seconds, args.idle)
