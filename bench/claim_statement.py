@@ -81,6 +81,7 @@ def drain(url: str, rev: str | None, n: int) -> float:
                 "caps": [],
                 "isolate": True,
                 "solo": False,
+                "by_topic": True,  # one topic, as the store claims it
             }
             in_flight: list[list[uuid.UUID]] = []
             done = 0

@@ -320,7 +320,7 @@ class MemoryStore:
                 del self._rows[r.message.id]
         return len(old)
 
-    async def topic_stats(self) -> list[TopicStats]:
+    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
         stats: dict[str, list[Any]] = {}
         for r in self._rows.values():
             entry = stats.setdefault(r.message.topic, [0, 0, None])

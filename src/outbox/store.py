@@ -294,8 +294,13 @@ class Operator(Protocol):
         """Delete buried messages buried before ``before``; return how many."""
         ...
 
-    async def topic_stats(self) -> list[TopicStats]:
-        """Backlog per topic, in topic order."""
+    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
+        """Backlog per topic, in topic order.
+
+        With ``max_age``, a measurement another process took within that age
+        may be returned instead: counting reads every row, so a fleet shares
+        one count per ``max_age`` rather than each relay counting for itself.
+        """
         ...
 
     async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:

@@ -68,33 +68,34 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-async def test_a_claim_steps_over_none_of_the_rows_in_flight(pg_store: PostgresStore) -> None:
-    msgs = [new_message("orders.placed", {"n": i}, T0) for i in range(600)]
-    async with pg_store.begin() as tx:
-        await pg_store.add(tx, *msgs)
-    await pg_store.claim(T0, LEASE, 400)  # in flight, at the front of the line
-    async with pg_store.pool.connection() as conn:
-        await conn.execute("ANALYZE outbox_messages")
-
-    async with pg_store.pool.connection() as conn, conn.transaction():
+async def explain_claim(
+    store: PostgresStore, topics: list[str], **more: Any
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Run the claim under EXPLAIN ANALYZE and roll it back: (ids in order, its scans)."""
+    params = {
+        "now": T0 + dt.timedelta(seconds=1),
+        "lease": LEASE,
+        "limit": 10,
+        "token": None,
+        "topics": topics,
+        "capped": [],
+        "caps": [],
+        "isolate": True,
+        "solo": False,
+        "by_topic": False,
+        **more,
+    }
+    claim = QUERIES["message_claim"].encode()
+    async with store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
-        cur = await conn.execute(
-            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["message_claim"].encode(),
-            {
-                "now": T0 + dt.timedelta(seconds=1),
-                "lease": LEASE,
-                "limit": 10,
-                "token": None,
-                "topics": ["orders.placed"],
-                "capped": ["orders.placed"],
-                "caps": [5],
-                "isolate": True,
-                "solo": False,
-            },
-        )
+        cur = await conn.execute(claim, params)
+        ids = [r[0] for r in await cur.fetchall()]
+        raise psycopg.Rollback
+    async with store.pool.connection() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        cur = await conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + claim, params)
         [[[explained]]] = await cur.fetchall()
         raise psycopg.Rollback  # EXPLAIN ANALYZE ran the claim: undo it
-
     # The scans that look for messages to claim (not the UPDATE's look-ups by id):
     scans = [
         n
@@ -103,14 +104,66 @@ async def test_a_claim_steps_over_none_of_the_rows_in_flight(pg_store: PostgresS
         and n["Node Type"] != "ModifyTable"
         and n.get("Index Name") != "outbox_messages_pkey"
     ]
-    assert {n.get("Index Name") for n in scans} == {
+    return ids, scans
+
+
+async def _add(store: PostgresStore, topic: str, n: int, at: dt.datetime) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, *(new_message(topic, {"n": i}, at) for i in range(n)))
+
+
+@pytest.mark.parametrize("by_topic", [False, True], ids=["in due order", "topic by topic"])
+async def test_a_claim_steps_over_none_of_the_rows_in_flight(
+    pg_store: PostgresStore, by_topic: bool
+) -> None:
+    await _add(pg_store, "orders.placed", 600, T0)
+    await pg_store.claim(T0, LEASE, 400)  # in flight, at the front of the line
+    async with pg_store.pool.connection() as conn:
+        await conn.execute("ANALYZE outbox_messages")
+
+    _, scans = await explain_claim(
+        pg_store, ["orders.placed"], by_topic=by_topic, capped=["orders.placed"], caps=[5]
+    )
+
+    assert {n.get("Index Name") for n in scans} <= {
         "outbox_messages_ready_idx",
+        "outbox_messages_topic_ready_idx",
         "outbox_messages_leased_idx",
     }
     for scan in scans:
         # The ready scans read what they return; the leased ones find no orphan.
         assert scan.get("Rows Removed by Filter", 0) == 0, scan
         assert scan["Actual Rows"] <= 10, scan
+
+
+async def test_a_paused_backlog_is_not_walked_and_the_claim_is_the_same(
+    pg_store: PostgresStore,
+) -> None:
+    await _add(pg_store, "billing.paused", 3000, T0 - dt.timedelta(hours=1))  # older, not served
+    for i in range(3):  # interleaved in time: the merge must restore the order
+        await _add(pg_store, "orders.placed", 5, T0 + dt.timedelta(seconds=i))
+        await _add(pg_store, "mail.login_link", 5, T0 + dt.timedelta(seconds=i, milliseconds=5))
+    async with pg_store.pool.connection() as conn:
+        await conn.execute("ANALYZE outbox_messages")
+    served = ["mail.login_link", "orders.placed"]
+
+    in_due_order, _ = await explain_claim(pg_store, served, by_topic=False)
+    ids, scans = await explain_claim(pg_store, served, by_topic=True)
+
+    assert ids == in_due_order
+    assert len(ids) == 10
+    # Each topic's front only: no paused row read, no served row beyond the limit.
+    assert {s.get("Index Name") for s in scans if s["Actual Rows"]} == {
+        "outbox_messages_topic_ready_idx"
+    }
+    assert all(s.get("Rows Removed by Filter", 0) == 0 for s in scans)
+    assert all(s["Actual Rows"] <= 10 for s in scans)
+    async with pg_store.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT id FROM outbox_messages WHERE topic = ANY(%s) ORDER BY due_at, id LIMIT 10",
+            (served,),
+        )
+        assert ids == [r[0] for r in await cur.fetchall()]
 
 
 def _closed_port() -> int:

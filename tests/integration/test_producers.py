@@ -290,7 +290,7 @@ def test_django_migrate_creates_the_same_schema(
         migrated = schema_of(conn)
         conn.execute(
             "DROP TABLE outbox_messages, outbox_topics, outbox_relays, outbox_unserved,"
-            " outbox_schema_migrations, orders"
+            " outbox_backlog, outbox_schema_migrations, orders"
         )
     call_command("migrate", "outbox", verbosity=0)
 

@@ -31,6 +31,12 @@ def schema_of(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         " JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = current_schema()"
     ):
         found[f"constraint {name}"] = definition
+    for name, options in conn.execute(
+        "SELECT c.relname, c.reloptions FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = current_schema() AND c.reloptions IS NOT NULL"
+    ):
+        found[f"options {name}"] = sorted(options)
     for name, kind in conn.execute(
         "SELECT p.proname, p.prokind FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname = current_schema()"

@@ -112,7 +112,9 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
             )
             status = dict(outcome.status)
             if stats and outcome.ready:
-                status.update(await backlog(store(), status["topic"], config.clock()))
+                # Each OutboxTopic's timer reads the fleet's last count, not a count of its own.
+                every = dt.timedelta(seconds=config.status_interval)
+                status.update(await backlog(store(), status["topic"], config.clock(), every))
         except (StoreUnavailable, psycopg.Error) as exc:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             outcome = unavailable(reason.removeprefix("outbox: "), now, previous)

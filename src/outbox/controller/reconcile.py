@@ -283,9 +283,14 @@ async def prune(
     return gone
 
 
-async def backlog(store: Store[Any], topic: str, now: dt.datetime) -> dict[str, Any]:
-    """The status fields that show a topic's backlog and how many live relays serve it."""
-    stats = {s.topic: s for s in await store.topic_stats()}.get(topic)
+async def backlog(
+    store: Store[Any], topic: str, now: dt.datetime, max_age: dt.timedelta | None = None
+) -> dict[str, Any]:
+    """The status fields that show a topic's backlog and how many live relays serve it.
+
+    With ``max_age``, a relay's backlog count of at most that age will do.
+    """
+    stats = {s.topic: s for s in await store.topic_stats(max_age=max_age)}.get(topic)
     oldest = stats.oldest_pending if stats else None
     relays = sum(topic in r.topics for r in await store.relays())
     return {

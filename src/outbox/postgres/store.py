@@ -47,7 +47,8 @@ _RELEASE = QUERIES["message_release"]
 _BURIED_LIST = QUERIES["buried_list"]
 _BURIED_REQUEUE = QUERIES["buried_requeue"]
 _BURIED_PURGE = QUERIES["buried_purge"]
-_TOPIC_STATS = QUERIES["topic_stats"]
+_BACKLOG_READ = QUERIES["backlog_read"]
+_BACKLOG_MEASURE = QUERIES["backlog_measure"]
 _TOPIC_LIST = QUERIES["topic_list"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
@@ -57,11 +58,12 @@ _RELAY_REGISTER = QUERIES["relay_register"]
 _RELAY_UNREGISTER = QUERIES["relay_unregister"]
 _RELAY_LIST = QUERIES["relay_list"]
 _RELAY_FORGET_DEAD = QUERIES["relay_forget_dead"]
-_SWEEP_LOCK = QUERIES["sweep_lock"]
+_TRY_LOCK = QUERIES["try_lock"]
 _UNSERVED_BURY = QUERIES["unserved_bury"]
 
 # One sweeper at a time across every relay sharing the database.
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
+_BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 
 
 def connect_pool(
@@ -80,6 +82,10 @@ def connect_pool(
         open=False,
         **kwargs,
     )
+
+
+BY_TOPIC = 32
+"""Claims for at most this many topics read the claim index topic by topic."""
 
 
 class PostgresStore:
@@ -139,6 +145,8 @@ class PostgresStore:
             "limit": limit,
             "token": token,
             "topics": None if topics is None else list(topics),
+            # A few topics: read each topic's front, never another topic's backlog.
+            "by_topic": topics is not None and 0 < len(topics) <= BY_TOPIC,
             "capped": list(capped),
             "caps": list(capped.values()),
             "isolate": isolate,
@@ -255,7 +263,7 @@ class PostgresStore:
         why = f" (no live relay served it for {format_duration(grace)})"
         params = {"now": now, "grace": grace, "why": why}
         async with self._translated(), self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_SWEEP_LOCK, {"key": _SWEEP_LOCK_KEY})
+            cur = await conn.execute(_TRY_LOCK, {"key": _SWEEP_LOCK_KEY})
             row = await cur.fetchone()
             if not row or not row[0]:
                 return []
@@ -309,8 +317,23 @@ class PostgresStore:
             cur = await conn.execute(_BURIED_PURGE, {"before": before, "topic": topic})
             return cur.rowcount
 
-    async def topic_stats(self) -> list[TopicStats]:
-        return [TopicStats(*r) for r in await self._fetch(_TOPIC_STATS, {})]
+    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
+        if max_age is None:
+            return [
+                TopicStats(*r)
+                for r in await self._fetch(_BACKLOG_MEASURE, {"now": None, "keep": False})
+            ]
+        async with self._translated(), self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(_TRY_LOCK, {"key": _BACKLOG_LOCK_KEY})
+            row = await cur.fetchone()
+            mine = bool(row and row[0])
+            cur = await conn.execute(_BACKLOG_READ, {"now": None, "max_age": max_age})
+            last = await cur.fetchone()
+            # Fresh, or being measured by another relay right now: read it.
+            if last is not None and (last[1] or not mine):
+                return [_backlog_entry(*entry) for entry in last[0]]
+            cur = await conn.execute(_BACKLOG_MEASURE, {"now": None, "keep": mine})
+            return [TopicStats(*r) for r in await cur.fetchall()]
 
     async def topics(self) -> dict[str, TopicSettings]:
         return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
@@ -359,6 +382,12 @@ def _stored(r: Any) -> StoredMessage:
         buried_at=r[8],
         requeues=r[9],
         requeued_at=r[10],
+    )
+
+
+def _backlog_entry(topic: str, pending: int, buried: int, oldest: str | None) -> TopicStats:
+    return TopicStats(
+        topic, pending, buried, None if oldest is None else dt.datetime.fromisoformat(oldest)
     )
 
 

@@ -2,7 +2,8 @@
 
 Counters say what happened; these say what is waiting, so an alert on buried
 messages keeps firing until someone acts, and a stale backlog shows. Each
-relay refreshes them every OUTBOX_BACKLOG_INTERVAL from one grouped query.
+relay refreshes them every OUTBOX_BACKLOG_INTERVAL; one relay at a time counts
+(a grouped query over the whole table) and the others read its count.
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ class Backlog:
         self.gauges = BacklogMetrics.of(registry)
         self._seen: set[str] = set()
 
-    async def refresh(self) -> None:
-        """Query the store once and set every gauge; topics now empty go to 0."""
-        stats = await self.store.topic_stats()
+    async def refresh(self, max_age: dt.timedelta | None = None) -> None:
+        """Query the store once and set every gauge; topics now empty go to 0.
+
+        With ``max_age``, another relay's count of at most that age will do.
+        """
+        stats = await self.store.topic_stats(max_age=max_age)
         now = self.clock()
         current = set()
         for s in stats:
@@ -58,7 +62,7 @@ class Backlog:
         """Refresh every ``every`` until cancelled; a failing store is logged, not fatal."""
         while True:
             try:
-                await self.refresh()
+                await self.refresh(every)
             except Exception as exc:
                 log.warning("backlog refresh failed: %s", exc)
             await anyio.sleep(every.total_seconds())

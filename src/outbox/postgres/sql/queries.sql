@@ -59,13 +59,30 @@ WITH clock AS MATERIALIZED (
 ready AS MATERIALIZED (
     SELECT id, due_at, false AS orphan, false AS lease_solo
     FROM outbox_messages
-    WHERE buried_at IS NULL AND leased_until IS NULL
+    WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
       AND due_at <= (SELECT now FROM clock)
       AND (%(topics)s::text[] IS NULL OR topic = ANY(%(topics)s::text[]))
       AND NOT %(solo)s
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+-- The same rows, found topic by topic (%(by_topic)s: a few topics), so rows of
+-- topics not in %(topics)s are never walked; the merge below restores the order.
+ready_by_topic AS MATERIALIZED (
+    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo
+    FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s THEN %(topics)s::text[] END)
+         AS k(topic)
+    CROSS JOIN LATERAL (
+        SELECT id, due_at
+        FROM outbox_messages
+        WHERE buried_at IS NULL AND leased_until IS NULL
+          AND due_at <= (SELECT now FROM clock)
+          AND topic = k.topic
+        ORDER BY due_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
 ),
 orphans AS MATERIALIZED (
     SELECT id, due_at, true AS orphan, lease_solo
@@ -107,6 +124,8 @@ capped AS MATERIALIZED (
 ),
 picked AS MATERIALIZED (
     SELECT id, due_at, orphan, lease_solo FROM ready
+    UNION ALL
+    SELECT id, due_at, orphan, lease_solo FROM ready_by_topic
     UNION ALL
     SELECT id, due_at, orphan, lease_solo FROM orphans
     UNION ALL
@@ -246,16 +265,33 @@ WHERE buried_at IS NOT NULL
   AND buried_at < %(before)s
   AND (%(topic)s::text IS NULL OR topic = %(topic)s);
 
--- topic_stats --
+-- backlog_read --
+-- The last backlog measurement, and whether it was taken within %(max_age)s.
+SELECT stats, measured_at > coalesce(%(now)s::timestamptz, now()) - %(max_age)s AS fresh
+FROM outbox_backlog;
+
+-- backlog_measure --
 -- Backlog per topic: pending and buried counts, the oldest pending message.
--- A scan of the whole table: run it every few seconds, not per message.
-SELECT topic,
-       count(*) FILTER (WHERE buried_at IS NULL) AS pending,
-       count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-       min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
-FROM outbox_messages
-GROUP BY topic
-ORDER BY topic;
+-- A scan of the whole table: run it every few seconds, not per message. With
+-- %(keep)s it is stored as the last measurement, for the other relays to read.
+WITH stats AS MATERIALIZED (
+    SELECT topic,
+           count(*) FILTER (WHERE buried_at IS NULL) AS pending,
+           count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+    FROM outbox_messages
+    GROUP BY topic
+),
+kept AS (
+    INSERT INTO outbox_backlog (id, measured_at, stats)
+    SELECT true, coalesce(%(now)s::timestamptz, now()),
+           coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending)
+                              ORDER BY topic), '[]')
+    FROM stats
+    HAVING %(keep)s
+    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
+)
+SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 
 -- topic_list --
 -- The whole topic registry.
@@ -357,8 +393,9 @@ ORDER BY started_at, id;
 DELETE FROM outbox_relays
 WHERE expires_at < coalesce(%(now)s::timestamptz, now()) - interval '1 hour';
 
--- sweep_lock --
--- One sweeper at a time: the others skip this round.
+-- try_lock --
+-- One relay at a time does a round of fleet-wide work (the unserved sweep,
+-- the backlog measurement); the others skip that round.
 SELECT pg_try_advisory_xact_lock(%(key)s);
 
 -- unserved_bury --

@@ -1,0 +1,111 @@
+"""One claim's latency beside a paused backlog and with a large topic registry.
+
+The working tree's claim statement against an earlier commit's. Each case gets
+a fresh schema built by that side's own migrations and 1,000 due messages of
+the topics the relay serves, and each claim takes 10 of them (with the
+parameters the store passes) and is rolled back, so every claim sees the same
+table. Cases:
+
+- one topic served, no other backlog (the reference for the next two);
+- one topic served, a paused topic's backlog of --paused messages due first;
+- a registry of --topics topics, all served, the 1,000 messages spread over them.
+
+Prints the median and p95 of --claims claims per case.
+
+    python bench/claim_latency.py --database-url postgresql://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+
+from claim_statement import _migrations, _queries
+
+SERVED, PAUSED = "orders.placed", "billing.invoice"
+BY_TOPIC = 32  # outbox.postgres.store.BY_TOPIC; earlier commits ignore the parameter
+
+FILL = (
+    "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at) "
+    "SELECT gen_random_uuid(), {topic}, '{{}}', t, t "
+    "FROM (SELECT now() - %s::interval + i * interval '1 ms' AS t, i "
+    "      FROM generate_series(1, %s) AS i) AS s"
+)
+
+
+def latencies(
+    url: str, rev: str | None, *, paused: int, topics: int, claims: int
+) -> list[float]:
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        try:
+            conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
+            for migration in _migrations(rev):
+                conn.execute(migration.encode())
+            conn.execute(FILL.format(topic="%s"), (PAUSED, "2 hours", paused))
+            if topics == 1:
+                served = [SERVED]
+                conn.execute(FILL.format(topic="%s"), (SERVED, "1 hour", 1000))
+            else:
+                served = [f"registry.{i}" for i in range(topics)]
+                spread = FILL.format(topic=f"'registry.' || (i % {topics})")
+                conn.execute(spread, ("1 hour", 1000))
+            conn.execute("VACUUM ANALYZE outbox_messages")
+            claim = _queries(rev)["message_claim"].encode()
+            params = {
+                "now": None,
+                "lease": "2 min",
+                "limit": 10,
+                "token": uuid.uuid4(),
+                "topics": served,
+                "capped": [],
+                "caps": [],
+                "isolate": True,
+                "solo": False,
+                "by_topic": len(served) <= BY_TOPIC,
+            }
+            took = []
+            for _ in range(claims):
+                with conn.transaction(force_rollback=True):
+                    started = time.perf_counter()
+                    rows = conn.execute(claim, params).fetchall()
+                    took.append((time.perf_counter() - started) * 1000)
+                    assert len(rows) == 10, rows
+        finally:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--baseline", default="de04ba7")
+    parser.add_argument("--paused", type=int, default=200_000)
+    parser.add_argument("--topics", type=int, default=1_000)
+    parser.add_argument("--claims", type=int, default=300)
+    args = parser.parse_args()
+    print(f"one claim of 10; {args.claims} claims each; baseline {args.baseline}")
+    cases = (
+        ("1 topic", {"paused": 0, "topics": 1}),
+        (f"1 topic, paused {args.paused:,}", {"paused": args.paused, "topics": 1}),
+        (f"{args.topics:,} topics", {"paused": 0, "topics": args.topics}),
+    )
+    for name, rev in (("baseline", args.baseline), ("current", None)):
+        row = []
+        for case, kwargs in cases:
+            took = latencies(args.database_url, rev, claims=args.claims, **kwargs)
+            p95 = statistics.quantiles(took, n=20)[18]
+            row.append(f"{case}: p50 {statistics.median(took):.2f} ms, p95 {p95:.2f}")
+        print(f"{name:>8}: " + "; ".join(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
