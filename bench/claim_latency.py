@@ -26,7 +26,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from claim_statement import _migrations, _queries
+from claim_statement import _migrations, _queries, topics_param
 
 SERVED, PAUSED = "orders.placed", "billing.invoice"
 BY_TOPIC = 32  # outbox.postgres.store.BY_TOPIC; earlier commits ignore the parameter
@@ -39,9 +39,7 @@ FILL = (
 )
 
 
-def latencies(
-    url: str, rev: str | None, *, paused: int, topics: int, claims: int
-) -> list[float]:
+def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: int) -> list[float]:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -55,7 +53,7 @@ def latencies(
                 conn.execute(FILL.format(topic="%s"), (SERVED, "1 hour", 1000))
             else:
                 served = [f"registry.{i}" for i in range(topics)]
-                spread = FILL.format(topic=f"'registry.' || (i % {topics})")
+                spread = FILL.format(topic=f"'registry.' || (i %% {topics})")
                 conn.execute(spread, ("1 hour", 1000))
             conn.execute("VACUUM ANALYZE outbox_messages")
             claim = _queries(rev)["message_claim"].encode()
@@ -64,7 +62,7 @@ def latencies(
                 "lease": "2 min",
                 "limit": 10,
                 "token": uuid.uuid4(),
-                "topics": served,
+                "topics": topics_param(claim, served),
                 "capped": [],
                 "caps": [],
                 "isolate": True,

@@ -54,6 +54,11 @@ def _queries(rev: str | None) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
+def topics_param(claim: bytes, topics: list[str]) -> list[str] | str:
+    """``topics`` as the side's claim statement takes them: an array, or joined by commas."""
+    return ",".join(topics) if b"string_to_array(%(topics)s" in claim else topics
+
+
 def drain(url: str, rev: str | None, n: int) -> float:
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -76,7 +81,7 @@ def drain(url: str, rev: str | None, n: int) -> float:
                 "now": None,
                 "lease": "2 min",
                 "limit": 100,
-                "topics": ["orders.placed"],
+                "topics": topics_param(claim, ["orders.placed"]),
                 "capped": [],
                 "caps": [],
                 "isolate": True,

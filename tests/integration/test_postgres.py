@@ -15,6 +15,7 @@ import pytest
 from outbox import Relay, RelayConfig, StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.queries import QUERIES, migrations
+from outbox.postgres.store import BY_TOPIC, claim_params
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(minutes=2)
@@ -72,19 +73,8 @@ async def explain_claim(
     store: PostgresStore, topics: list[str], **more: Any
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Run the claim under EXPLAIN ANALYZE and roll it back: (ids in order, its scans)."""
-    params = {
-        "now": T0 + dt.timedelta(seconds=1),
-        "lease": LEASE,
-        "limit": 10,
-        "token": None,
-        "topics": topics,
-        "capped": [],
-        "caps": [],
-        "isolate": True,
-        "solo": False,
-        "by_topic": False,
-        **more,
-    }
+    now = T0 + dt.timedelta(seconds=1)
+    params = {**claim_params(now, LEASE, 10, None, topics=topics, isolate=True), **more}
     claim = QUERIES["message_claim"].encode()
     async with store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
@@ -195,3 +185,15 @@ async def test_relay_loop_survives_unreachable_database(
     assert failures[0].levelname == "WARNING"
     assert failures[0].exc_info is None
     assert "hunter2" not in caplog.text
+
+
+async def test_a_relay_of_many_topics_claims_only_those_in_due_order(
+    pg_store: PostgresStore,
+) -> None:
+    served = [f"registry.t{i}" for i in range(BY_TOPIC + 8)]  # past the per-topic reads
+    for i, topic in enumerate([*served, "registry.unserved"]):
+        await _add(pg_store, topic, 1, T0 - dt.timedelta(seconds=i))
+
+    claimed = await pg_store.claim(T0, LEASE, 100, topics=served)
+
+    assert [m.topic for m in claimed] == served[::-1]

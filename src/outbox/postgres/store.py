@@ -88,6 +88,35 @@ BY_TOPIC = 32
 """Claims for at most this many topics read the claim index topic by topic."""
 
 
+def claim_params(
+    now: dt.datetime | None,
+    lease: dt.timedelta,
+    limit: int,
+    token: uuid.UUID | None,
+    *,
+    topics: Collection[str] | None = None,
+    caps: Mapping[str, int] | None = None,
+    isolate: bool = False,
+    solo: bool = False,
+) -> dict[str, Any]:
+    """The message_claim statement's parameters for PostgresStore.claim's arguments."""
+    capped = {t: n for t, n in (caps or {}).items() if n > 0}
+    return {
+        "now": now,
+        "lease": lease,
+        "limit": limit,
+        "token": token,
+        # Joined: one text parameter, not an array of each topic (see the statement).
+        "topics": None if topics is None else ",".join(topics),
+        # A few topics: read each topic's front, never another topic's backlog.
+        "by_topic": topics is not None and 0 < len(topics) <= BY_TOPIC,
+        "capped": list(capped),
+        "caps": list(capped.values()),
+        "isolate": isolate,
+        "solo": solo,
+    }
+
+
 class PostgresStore:
     """A Store over a psycopg AsyncConnectionPool."""
 
@@ -138,20 +167,9 @@ class PostgresStore:
     ) -> Claimed:
         check_claim(lease, limit)
         token = uuid.uuid4()
-        capped = {t: n for t, n in (caps or {}).items() if n > 0}
-        params = {
-            "now": now,
-            "lease": lease,
-            "limit": limit,
-            "token": token,
-            "topics": None if topics is None else list(topics),
-            # A few topics: read each topic's front, never another topic's backlog.
-            "by_topic": topics is not None and 0 < len(topics) <= BY_TOPIC,
-            "capped": list(capped),
-            "caps": list(capped.values()),
-            "isolate": isolate,
-            "solo": solo,
-        }
+        params = claim_params(
+            now, lease, limit, token, topics=topics, caps=caps, isolate=isolate, solo=solo
+        )
         rows = await self._fetch(_CLAIM, params)
         utc = dt.UTC
         claimed = Claimed(
