@@ -37,7 +37,6 @@ from server import postgres
 from throughput import drain_rate, drop_schema, fresh_schema, schema_conninfo
 
 STORAGE = (
-    "fillfactor",
     "autovacuum_vacuum_scale_factor",
     "autovacuum_vacuum_threshold",
     "autovacuum_analyze_scale_factor",

@@ -421,6 +421,10 @@ class Relay:
         return True
 
     async def _work(self) -> None:
+        # anyio's clock read through time.monotonic(): on asyncio the very same
+        # clock, elsewhere a fixed offset; anyio.current_time() costs
+        # microseconds a call, and this runs once per message.
+        offset = anyio.current_time() - time.monotonic()
         try:
             while self._queue and not self._stopping:
                 current: Held | None = None
@@ -431,7 +435,7 @@ class Relay:
                         # one set for an earlier message is at most _DEADLINE_SLACK
                         # of this message's timeout early (never late).
                         route = current.route
-                        due = anyio.current_time() + route.seconds
+                        due = time.monotonic() + offset + route.seconds
                         if not due - route.seconds * _DEADLINE_SLACK <= scope.deadline <= due:
                             scope.deadline = due
                         await self._deliver(current)

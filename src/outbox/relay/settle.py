@@ -17,6 +17,7 @@ deliver it again anyway, and the loss is logged, never silent.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -207,16 +208,19 @@ class Settler:
         if done is None:
             return
         debug = log.isEnabledFor(logging.DEBUG)
+        delivered: collections.Counter[str] = collections.Counter()
         for h in done[0]:
             m = h.message
             reason = dropped.get(m.id) if dropped else None
             if reason is None:
-                self.metrics.topic(m.topic).delivered.inc()
+                delivered[m.topic] += 1
                 if debug:
                     log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
             else:
                 self.metrics.dropped.labels(m.topic, reason).inc()
                 log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
+        for topic, n in delivered.items():  # one increment a topic, not one a message
+            self.metrics.topic(topic).delivered.inc(n)
 
     async def _retries(self, retries: list[tuple[Held, dt.timedelta, str, bool]]) -> None:
         await self._fenced(
