@@ -1,7 +1,7 @@
 """A table that stays small: a sustained load, then backlogs of two sizes.
 
 Sustained: for --minutes, a producer adds --rate messages per second (a
-batch every 100 ms) while --relays relay processes (``Relay.run()``, no-op
+transaction of ``add_sync`` every 100 ms) while --relays relay processes (``Relay.run()``, no-op
 handler, batch 10, OUTBOX_CONCURRENCY 40, interval 100 ms) deliver them. Every
 --every seconds it prints the table's and its indexes' size, live and dead
 rows, autovacuum runs and the backlog. Run once with the shipped storage
@@ -31,8 +31,8 @@ import anyio
 import psycopg
 from prometheus_client import CollectorRegistry
 
-from outbox import Message, Relay, RelayConfig
-from outbox.postgres import PostgresStore, connect_pool
+from outbox import Message, Relay, RelayConfig, new_message
+from outbox.postgres import PostgresStore, add_sync, connect_pool, transaction_sync
 from server import postgres
 from throughput import drain_rate, drop_schema, fresh_schema, schema_conninfo
 
@@ -48,10 +48,9 @@ SELECT pg_relation_size('outbox_messages'), pg_indexes_size('outbox_messages'),
        (SELECT count(*) FROM outbox_messages)
 FROM pg_stat_user_tables WHERE relid = 'outbox_messages'::regclass
 """
-ADD = """
-INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
-SELECT gen_random_uuid(), 'bench.noop', '{"to": "x@example.com"}', now(), now()
-FROM generate_series(1, %s)
+SIZES_BY_INDEX = """
+SELECT indexrelid::regclass::text, pg_relation_size(indexrelid)
+FROM pg_index WHERE indrelid = 'outbox_messages'::regclass ORDER BY 1
 """
 
 
@@ -73,11 +72,14 @@ def relay_process(conninfo: str, stop: Any) -> None:
 
 
 def produce(conninfo: str, rate: int, until: float, added: list[int]) -> None:
+    """Add ``rate`` messages a second through the product's own API, a batch every 100 ms."""
     per_tick = max(rate // 10, 1)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    payload = {"to": "x@example.com"}
+    with psycopg.connect(conninfo) as conn:
         tick = time.monotonic()
         while tick < until:
-            conn.execute(ADD, (per_tick,))
+            with transaction_sync(conn):
+                add_sync(conn, *(new_message("bench.noop", payload) for _ in range(per_tick)))
             added[0] += per_tick
             tick += 0.1
             time.sleep(max(tick - time.monotonic(), 0))
@@ -126,6 +128,8 @@ def sustained(
             stop.set()
             for p in procs:
                 p.join()
+            for name, size in conn.execute(SIZES_BY_INDEX):
+                print(f"  {name}: {size / 2**20:.2f} MB", flush=True)
             elapsed = time.monotonic() - started
             print(
                 f"added {added[0]:,} in {elapsed:.0f} s ({added[0] / elapsed:,.0f}/s)", flush=True

@@ -492,6 +492,44 @@ def test_keda_scales_on_the_backlog_instead_of_cpu() -> None:
         render({"relay": {"autoscaling": {"keda": {"enabled": True}}}})
 
 
+def test_keda_reads_the_backlog_once_however_many_relays_export_it(tmp_path: Path) -> None:
+    keda = {"enabled": True, "serverAddress": "http://prometheus:9090", "pendingPerReplica": 500}
+    docs = documents(render({"relay": {"autoscaling": {"keda": keda}}}))
+    [scaled] = [d for d in docs if d["kind"] == "ScaledObject"]
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    promtool = require("promtool", "prometheus")
+    rules = {"groups": [{"name": "keda", "rules": [{"record": "keda:backlog", "expr": query}]}]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    job = 'job="outbox-outbox-relay-metrics", namespace="prod"'
+    series = [  # three relays export the same shared count of two topics
+        {"series": f'outbox_pending_messages{{{job}, pod="{pod}", topic="{topic}"}}', "values": n}
+        for pod in ("r1", "r2", "r3")
+        for topic, n in (("mail.a", "120x5"), ("mail.b", "30x5"))
+    ]
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": "keda:backlog",
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "keda:backlog", "value": 150}],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        [promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_network_policy_opens_only_ports_the_pods_declare() -> None:
     docs = documents(render({"networkPolicy": {"enabled": True}}))
     [policy] = by_kind(docs, "NetworkPolicy")
