@@ -137,6 +137,38 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def test_claims_grow_while_the_backlog_fills_them_and_shrink_once_it_is_drained(
+    store: Store[Any],
+) -> None:
+    asked: list[int] = []
+    claim = store.claim
+
+    async def noting(now: Any, lease: Any, limit: int, **kw: Any) -> Any:
+        asked.append(limit)
+        return await claim(now, lease, limit, **kw)
+
+    store.claim = noting  # type: ignore[method-assign]
+
+    async def fast(m: Message) -> None:
+        return None
+
+    bench = Bench(store, {"mail.fast": fast}, batch=2, concurrency=64)
+    msgs = await bench.add("mail.fast", 200)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bench.relay.run)
+        await eventually("the outbox to empty", lambda: bench.gone(msgs))
+        late = await bench.add("mail.fast", 1)
+        await eventually("the late one to be acked", lambda: bench.gone(late))
+        bench.relay.stop()
+
+    # Each came back full while slots were free: twice as many each time.
+    assert asked[:4] == [2, 4, 8, 16]
+    assert max(asked) <= 64  # never more than the slots
+    assert asked[-1] == 2  # the drained backlog's short claim brought it back to the batch
+    assert bench.metric("outbox_delivered_total", "mail.fast") == 201
+
+
 async def test_max_in_flight_keeps_a_hanging_topic_from_taking_every_slot(
     store: Store[Any],
 ) -> None:

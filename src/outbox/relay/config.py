@@ -78,7 +78,15 @@ class RelayConfig(BaseModel):
         gt=dt.timedelta(0),
         description="How long a claimed message stays claimed; must outlast the timeout.",
     )
-    batch: int = Field(default=10, ge=1, le=10_000, description="Messages claimed per poll.")
+    batch: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description=(
+            "Messages claimed per poll; claims grow (up to the free slots)"
+            " while a backlog fills each one."
+        ),
+    )
     max_attempts: int = Field(
         default=8, ge=1, le=1_000, description="Deliveries tried before a message is buried."
     )

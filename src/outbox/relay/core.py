@@ -99,6 +99,7 @@ class Relay:
         for topic in self.router.served:
             self.metrics.topic(topic)
         self.slots = cfg.slots
+        self._claim_size = cfg.batch
         self._lease = cfg.lease.total_seconds()
         self._held: dict[Any, Held] = {}
         self._queue: collections.deque[Held] = collections.deque()
@@ -297,12 +298,22 @@ class Relay:
         if free <= 0:
             await self._until(lambda: len(self._held) < self.slots)
             return False
-        want = min(self.config.batch, free)
+        want = min(self._claim_size, free)
         claimed = await self._claim(want)
         self.metrics.database_up.set(1)
         self.metrics.last_poll.set(time.time())
         await self._start(claimed, tg)
-        return len(claimed) + claimed.orphans < want
+        short = len(claimed) + claimed.orphans < want
+        # A claim costs about as much for one row as for a hundred: while the
+        # backlog fills every claim and handlers free slots as fast, claim
+        # twice as many next time, up to the slots; a short claim (the backlog
+        # is drained) goes back to OUTBOX_BATCH. Slow handlers keep claims
+        # small by themselves: a claim never takes more than the free slots.
+        if short:
+            self._claim_size = self.config.batch
+        elif want == self._claim_size:
+            self._claim_size = min(2 * want, self.slots)
+        return short
 
     async def _housekeeping(self, scope: anyio.CancelScope) -> None:
         """Registry, registration and sweep, every interval, apart from claiming."""
