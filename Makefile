@@ -27,12 +27,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## bench: throughput, pipeline and latency figures (see BENCHMARKS.md)
+## bench: throughput, pipeline, latency, producer and claim figures (see BENCHMARKS.md;
+## bench/table.py, the ten-minute sustained load, runs on its own)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/processes.py
 	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/producers.py
+	$(BIN)/python bench/claim_latency.py
 
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)

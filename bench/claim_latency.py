@@ -12,12 +12,16 @@ table. Cases:
 
 Prints the median and p95 of --claims claims per case.
 
-    python bench/claim_latency.py --database-url postgresql://postgres@127.0.0.1:5432/test
+    python bench/claim_latency.py [--database-url URL] [--baseline REF]
+
+Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
+is started.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -27,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from claim_statement import _migrations, _queries, topics_param
+from server import postgres
 
 SERVED, PAUSED = "orders.placed", "billing.invoice"
 BY_TOPIC = 32  # outbox.postgres.store.BY_TOPIC; earlier commits ignore the parameter
@@ -83,25 +88,26 @@ def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--baseline", default="de04ba7")
     parser.add_argument("--paused", type=int, default=200_000)
     parser.add_argument("--topics", type=int, default=1_000)
     parser.add_argument("--claims", type=int, default=300)
     args = parser.parse_args()
-    print(f"one claim of 10; {args.claims} claims each; baseline {args.baseline}")
-    cases = (
-        ("1 topic", {"paused": 0, "topics": 1}),
-        (f"1 topic, paused {args.paused:,}", {"paused": args.paused, "topics": 1}),
-        (f"{args.topics:,} topics", {"paused": 0, "topics": args.topics}),
-    )
-    for name, rev in (("baseline", args.baseline), ("current", None)):
-        row = []
-        for case, kwargs in cases:
-            took = latencies(args.database_url, rev, claims=args.claims, **kwargs)
-            p95 = statistics.quantiles(took, n=20)[18]
-            row.append(f"{case}: p50 {statistics.median(took):.2f} ms, p95 {p95:.2f}")
-        print(f"{name:>8}: " + "; ".join(row), flush=True)
+    with postgres(args.database_url) as url:
+        print(f"one claim of 10; {args.claims} claims each; baseline {args.baseline}")
+        cases = (
+            ("1 topic", {"paused": 0, "topics": 1}),
+            (f"1 topic, paused {args.paused:,}", {"paused": args.paused, "topics": 1}),
+            (f"{args.topics:,} topics", {"paused": 0, "topics": args.topics}),
+        )
+        for name, rev in (("baseline", args.baseline), ("current", None)):
+            row = []
+            for case, kwargs in cases:
+                took = latencies(url, rev, claims=args.claims, **kwargs)
+                p95 = statistics.quantiles(took, n=20)[18]
+                row.append(f"{case}: p50 {statistics.median(took):.2f} ms, p95 {p95:.2f}")
+            print(f"{name:>8}: " + "; ".join(row), flush=True)
     return 0
 
 

@@ -5,12 +5,16 @@ a loop that claims 100 and acks the batch claimed four claims earlier (so 400
 rows are in flight, as with a relay's default concurrency) until the table is
 empty. Prints messages per second per round, side by side.
 
-    python bench/claim_statement.py --database-url postgresql://postgres@127.0.0.1:5432/test
+    python bench/claim_statement.py [--database-url URL] [--baseline REF]
+
+Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
+is started.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +24,8 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+
+from server import postgres
 
 REPO = Path(__file__).resolve().parents[1]
 SQL = "src/outbox/postgres/sql"
@@ -111,19 +117,20 @@ def drain(url: str, rev: str | None, n: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--baseline", default="dc36889")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(f"claim 100, ack 4 claims behind; {args.messages} messages; baseline {args.baseline}")
-    for r in range(args.rounds):
-        base = drain(args.database_url, args.baseline, args.messages)
-        cur = drain(args.database_url, None, args.messages)
-        print(
-            f"round {r + 1}: baseline {base:,.0f}/s  current {cur:,.0f}/s ({cur / base:.2f}x)",
-            flush=True,
-        )
+    with postgres(args.database_url) as url:
+        print(f"claim 100, ack 4 claims behind; {args.messages} messages; baseline {args.baseline}")
+        for r in range(args.rounds):
+            base = drain(url, args.baseline, args.messages)
+            cur = drain(url, None, args.messages)
+            print(
+                f"round {r + 1}: baseline {base:,.0f}/s  current {cur:,.0f}/s ({cur / base:.2f}x)",
+                flush=True,
+            )
     return 0
 
 

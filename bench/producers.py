@@ -13,12 +13,16 @@ time, the transaction an application runs: insert a business row, plus
 At 1, 4 and 8 clients, in a fresh schema. Prints transactions per second and
 each variant's share of plain's.
 
-    python bench/producers.py --database-url postgresql://postgres@127.0.0.1:5432/test
+    python bench/producers.py [--database-url URL] [--seconds 8]
+
+Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
+is started.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from outbox import new_message
 from outbox.postgres import add_sync, migrate, transaction_sync
 from outbox.postgres.producer import insert_params
+from server import postgres
 
 Variant = Callable[[psycopg.Connection[Any], int], None]
 
@@ -101,34 +106,35 @@ def rate(conninfo: str, variant: Variant, clients: int, seconds: float) -> float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--seconds", type=float, default=8)
     args = parser.parse_args()
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(args.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    conninfo = make_conninfo(args.database_url, options=f"-c search_path={schema}")
-    try:
-        anyio.run(migrate, conninfo)
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, item text)")
-            conn.execute(
-                "CREATE TABLE plain_messages (id uuid PRIMARY KEY, topic text NOT NULL, "
-                "payload json NOT NULL, created_at timestamptz NOT NULL, "
-                "due_at timestamptz NOT NULL)"
-            )
-        print(f"application transactions per second, {args.seconds:.0f} s each")
-        for clients in (1, 4, 8):
-            rates = {name: rate(conninfo, v, clients, args.seconds) for name, v in VARIANTS.items()}
-            plain = rates["plain"]
-            print(
-                f"{clients} clients: "
-                + "; ".join(f"{name} {r:,.0f}/s ({r / plain:.2f})" for name, r in rates.items()),
-                flush=True,
-            )
-    finally:
-        with psycopg.connect(args.database_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    with postgres(args.database_url) as url:
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+        try:
+            anyio.run(migrate, conninfo)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, item text)")
+                conn.execute(
+                    "CREATE TABLE plain_messages (id uuid PRIMARY KEY, topic text NOT NULL, "
+                    "payload json NOT NULL, created_at timestamptz NOT NULL, "
+                    "due_at timestamptz NOT NULL)"
+                )
+            print(f"application transactions per second, {args.seconds:.0f} s each")
+            for clients in (1, 4, 8):
+                rates = {n: rate(conninfo, v, clients, args.seconds) for n, v in VARIANTS.items()}
+                plain = rates["plain"]
+                print(
+                    f"{clients} clients: "
+                    + "; ".join(f"{n} {r:,.0f}/s ({r / plain:.2f})" for n, r in rates.items()),
+                    flush=True,
+                )
+        finally:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     return 0
 
 
