@@ -2,7 +2,7 @@
 
 Each run pre-fills N no-op messages (COPY, then VACUUM ANALYZE) into a fresh
 schema; P processes each run ``Relay.run()`` (batch 100, the default
-concurrency) from the moment all are connected until the table is empty. The
+concurrency and interval) from the moment all are connected until the table is empty. The
 reference relay (../shared/bench/reference_relay.py) drains its own table with
 --workers 1 and 2. Prints messages per second and each system's two/one ratio
 per round.
@@ -35,13 +35,14 @@ from server import postgres
 from throughput import drop_schema, fresh_schema, prefill, schema_conninfo
 
 
-async def _relay(conninfo: str, go: Any, stop: Any, ready: Any) -> None:
+async def _relay(conninfo: str, go: Any, stop: Any, ready: Any, config: dict[str, Any]) -> None:
     async def noop(m: Message) -> None:
         return None
 
     async with connect_pool(conninfo, min_size=2, max_size=4) as pool:
         await pool.wait()
-        cfg = RelayConfig.model_validate({"batch": 100, "interval": "10ms"})
+        # The default interval (1 s): housekeeping (registry, heartbeat) at its production pace.
+        cfg = RelayConfig.model_validate({"batch": 100, **config})
         relay = Relay(PostgresStore(pool), {"bench.noop": noop}, cfg, registry=CollectorRegistry())
         ready.put(os.getpid())
         await anyio.to_thread.run_sync(go.wait)
@@ -51,11 +52,11 @@ async def _relay(conninfo: str, go: Any, stop: Any, ready: Any) -> None:
             relay.stop()
 
 
-def relay_process(conninfo: str, go: Any, stop: Any, ready: Any) -> None:
-    anyio.run(_relay, conninfo, go, stop, ready)
+def relay_process(conninfo: str, go: Any, stop: Any, ready: Any, config: dict[str, Any]) -> None:
+    anyio.run(_relay, conninfo, go, stop, ready, config)
 
 
-def ours(url: str, n: int, processes: int) -> float:
+def ours(url: str, n: int, processes: int, config: dict[str, Any]) -> float:
     schema = fresh_schema(url)
     conninfo = schema_conninfo(url, schema)
     try:
@@ -63,7 +64,7 @@ def ours(url: str, n: int, processes: int) -> float:
         ctx = mp.get_context("spawn")
         go, stop, ready = ctx.Event(), ctx.Event(), ctx.Queue()
         procs = [
-            ctx.Process(target=relay_process, args=(conninfo, go, stop, ready))
+            ctx.Process(target=relay_process, args=(conninfo, go, stop, ready, config))
             for _ in range(processes)
         ]
         for p in procs:
@@ -112,11 +113,13 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, help="OUTBOX_CONCURRENCY (default: 4 batches)")
     args = parser.parse_args()
+    config = {} if args.concurrency is None else {"concurrency": args.concurrency}
     with postgres(args.database_url) as url:
         print(f"{args.messages} messages, no-op handler, batch 100")
         for r in range(args.rounds):
-            one, two = ours(url, args.messages, 1), ours(url, args.messages, 2)
+            one, two = ours(url, args.messages, 1, config), ours(url, args.messages, 2, config)
             ref1, ref2 = reference(url, args.messages, 1), reference(url, args.messages, 2)
             print(
                 f"round {r + 1}: relay 1 process {one:,.0f}/s, 2 processes {two:,.0f}/s"

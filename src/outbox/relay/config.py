@@ -96,7 +96,7 @@ class RelayConfig(BaseModel):
         le=100_000,
         description=(
             "Most deliveries one relay keeps in flight; it claims more as they finish. "
-            "Unset: 4 x OUTBOX_BATCH."
+            "Unset: 8 x OUTBOX_BATCH."
         ),
     )
     max_in_flight: int | None = Field(
@@ -119,8 +119,8 @@ class RelayConfig(BaseModel):
 
     @property
     def slots(self) -> int:
-        """OUTBOX_CONCURRENCY, or its default: four batches."""
-        return self.concurrency or 4 * self.batch
+        """OUTBOX_CONCURRENCY, or its default: eight batches."""
+        return self.concurrency or 8 * self.batch
 
     @field_validator("lease")
     @classmethod
