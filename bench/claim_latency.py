@@ -27,10 +27,7 @@ import sys
 import time
 import uuid
 
-import psycopg
-from psycopg import sql
-
-from claim_statement import _migrations, _queries, topics_param
+from claim_statement import _queries, migrated_at, topics_param
 from server import postgres
 
 SERVED, PAUSED = "orders.placed", "billing.invoice"
@@ -45,44 +42,36 @@ FILL = (
 
 
 def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: int) -> list[float]:
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        try:
-            conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
-            for migration in _migrations(rev):
-                conn.execute(migration.encode())
-            conn.execute(FILL.format(topic="%s"), (PAUSED, "2 hours", paused))
-            if topics == 1:
-                served = [SERVED]
-                conn.execute(FILL.format(topic="%s"), (SERVED, "1 hour", 1000))
-            else:
-                served = [f"registry.{i}" for i in range(topics)]
-                spread = FILL.format(topic=f"'registry.' || (i %% {topics})")
-                conn.execute(spread, ("1 hour", 1000))
-            conn.execute("VACUUM ANALYZE outbox_messages")
-            claim = _queries(rev)["message_claim"].encode()
-            params = {
-                "now": None,
-                "lease": "2 min",
-                "limit": 10,
-                "token": uuid.uuid4(),
-                "topics": topics_param(claim, served),
-                "capped": [],
-                "caps": [],
-                "isolate": True,
-                "solo": False,
-                "by_topic": len(served) <= BY_TOPIC,
-            }
-            took = []
-            for _ in range(claims):
-                with conn.transaction(force_rollback=True):
-                    started = time.perf_counter()
-                    rows = conn.execute(claim, params).fetchall()
-                    took.append((time.perf_counter() - started) * 1000)
-                    assert len(rows) == 10, rows
-        finally:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    with migrated_at(url, rev) as conn:
+        conn.execute(FILL.format(topic="%s"), (PAUSED, "2 hours", paused))
+        if topics == 1:
+            served = [SERVED]
+            conn.execute(FILL.format(topic="%s"), (SERVED, "1 hour", 1000))
+        else:
+            served = [f"registry.{i}" for i in range(topics)]
+            spread = FILL.format(topic=f"'registry.' || (i %% {topics})")
+            conn.execute(spread, ("1 hour", 1000))
+        conn.execute("VACUUM ANALYZE outbox_messages")
+        claim = _queries(rev)["message_claim"].encode()
+        params = {
+            "now": None,
+            "lease": "2 min",
+            "limit": 10,
+            "token": uuid.uuid4(),
+            "topics": topics_param(claim, served),
+            "capped": [],
+            "caps": [],
+            "isolate": True,
+            "solo": False,
+            "by_topic": len(served) <= BY_TOPIC,
+        }
+        took = []
+        for _ in range(claims):
+            with conn.transaction(force_rollback=True):
+                started = time.perf_counter()
+                rows = conn.execute(claim, params).fetchall()
+                took.append((time.perf_counter() - started) * 1000)
+                assert len(rows) == 10, rows
     return took
 
 

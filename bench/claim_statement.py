@@ -20,7 +20,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -60,12 +63,9 @@ def _queries(rev: str | None) -> dict[str, str]:
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
 
 
-def topics_param(claim: bytes, topics: list[str]) -> list[str] | str:
-    """``topics`` as the side's claim statement takes them: an array, or joined by commas."""
-    return ",".join(topics) if b"string_to_array(%(topics)s" in claim else topics
-
-
-def drain(url: str, rev: str | None, n: int) -> float:
+@contextmanager
+def migrated_at(url: str, rev: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to a fresh schema built by ``rev``'s migrations (None: the working tree's)."""
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -73,44 +73,54 @@ def drain(url: str, rev: str | None, n: int) -> float:
             conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
             for migration in _migrations(rev):
                 conn.execute(migration.encode())
-            conn.execute(
-                "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at) "
-                "SELECT gen_random_uuid(), 'orders.placed', '{}', t, t "
-                "FROM (SELECT now() - interval '1 hour' + i * interval '1 ms' AS t "
-                "      FROM generate_series(1, %s) AS i) AS s",
-                (n,),
-            )
-            conn.execute("VACUUM ANALYZE outbox_messages")
-            queries = _queries(rev)
-            claim, ack = queries["message_claim"].encode(), queries["message_ack_many"].encode()
-            params = {
-                "now": None,
-                "lease": "2 min",
-                "limit": 100,
-                "topics": topics_param(claim, ["orders.placed"]),
-                "capped": [],
-                "caps": [],
-                "isolate": True,
-                "solo": False,
-                "by_topic": True,  # one topic, as the store claims it
-            }
-            in_flight: list[list[uuid.UUID]] = []
-            done = 0
-            started = time.perf_counter()
-            while True:
-                rows = conn.execute(claim, {**params, "token": uuid.uuid4()}).fetchall()
-                ids = [r[0] for r in rows if r[0] is not None]
-                if not ids and not in_flight:
-                    break
-                if ids:
-                    in_flight.append(ids)
-                if len(in_flight) > IN_FLIGHT or not ids:
-                    batch = in_flight.pop(0)
-                    conn.execute(ack, {"ids": batch})
-                    done += len(batch)
-            elapsed = time.perf_counter() - started
+            yield conn
         finally:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def topics_param(claim: bytes, topics: list[str]) -> list[str] | str:
+    """``topics`` as the side's claim statement takes them: an array, or joined by commas."""
+    return ",".join(topics) if b"string_to_array(%(topics)s" in claim else topics
+
+
+def drain(url: str, rev: str | None, n: int) -> float:
+    with migrated_at(url, rev) as conn:
+        conn.execute(
+            "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at) "
+            "SELECT gen_random_uuid(), 'orders.placed', '{}', t, t "
+            "FROM (SELECT now() - interval '1 hour' + i * interval '1 ms' AS t "
+            "      FROM generate_series(1, %s) AS i) AS s",
+            (n,),
+        )
+        conn.execute("VACUUM ANALYZE outbox_messages")
+        queries = _queries(rev)
+        claim, ack = queries["message_claim"].encode(), queries["message_ack_many"].encode()
+        params = {
+            "now": None,
+            "lease": "2 min",
+            "limit": 100,
+            "topics": topics_param(claim, ["orders.placed"]),
+            "capped": [],
+            "caps": [],
+            "isolate": True,
+            "solo": False,
+            "by_topic": True,  # one topic, as the store claims it
+        }
+        in_flight: list[list[uuid.UUID]] = []
+        done = 0
+        started = time.perf_counter()
+        while True:
+            rows = conn.execute(claim, {**params, "token": uuid.uuid4()}).fetchall()
+            ids = [r[0] for r in rows if r[0] is not None]
+            if not ids and not in_flight:
+                break
+            if ids:
+                in_flight.append(ids)
+            if len(in_flight) > IN_FLIGHT or not ids:
+                batch = in_flight.pop(0)
+                conn.execute(ack, {"ids": batch})
+                done += len(batch)
+        elapsed = time.perf_counter() - started
     assert done == n, f"{done} of {n} acked"
     return n / elapsed
 
