@@ -1,4 +1,4 @@
-"""Two relay processes against one, beside the reference relay's one and two workers.
+"""Two relay processes against one, beside the reference relay's and pgqueuer's.
 
 Each run pre-fills N no-op messages (COPY, then VACUUM ANALYZE) into a fresh
 schema; P processes each run ``Relay.run()`` (batch 100, the default
@@ -6,7 +6,9 @@ concurrency and interval) from the moment all are connected until they have
 delivered every message (each counts in shared memory, so the harness costs
 the database nothing) and the last ack is committed. The reference relay
 (../shared/bench/reference_relay.py) drains its own table with --workers 1
-and 2. Prints messages per second and each system's two/one ratio per round.
+and 2, and pgqueuer 1.6 (a bench-only dependency: ``pip install -e
+'.[bench]'``) the same N jobs with one and two worker processes at batch 100.
+Prints messages per second and each system's two/one ratio per round.
 
     python bench/processes.py [--database-url URL] [--messages N] [--rounds R]
 
@@ -23,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -55,41 +58,105 @@ async def _relay(
             relay.stop()
 
 
-def relay_process(
-    conninfo: str, go: Any, stop: Any, ready: Any, config: dict[str, Any], count: Any
+def outbox_process(
+    go: Any, stop: Any, ready: Any, count: Any, conninfo: str, config: dict[str, Any]
 ) -> None:
     anyio.run(_relay, conninfo, go, stop, ready, config, count)
+
+
+def race(
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    n: int,
+    processes: int,
+    done: Callable[[], None] = lambda: None,
+) -> float:
+    """Seconds from releasing ``processes`` connected ``target`` processes until
+    they delivered ``n`` messages and ``done()`` returned; then they are stopped.
+
+    Each process gets (go, stop, ready, count) before ``args`` and counts its
+    deliveries in shared memory, so the harness costs the database nothing.
+    """
+    ctx = mp.get_context("spawn")
+    go, stop, ready = ctx.Event(), ctx.Event(), ctx.Queue()
+    counts = [ctx.RawValue("q", 0) for _ in range(processes)]
+    procs = [ctx.Process(target=target, args=(go, stop, ready, c, *args)) for c in counts]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get()
+    started = time.perf_counter()
+    go.set()
+    while sum(c.value for c in counts) < n:
+        time.sleep(0.001)
+    done()
+    elapsed = time.perf_counter() - started
+    stop.set()
+    for p in procs:
+        p.join(10)
+        if p.is_alive():  # pgqueuer has no stop to ask for
+            p.kill()
+            p.join()
+    return elapsed
 
 
 def ours(url: str, n: int, processes: int, config: dict[str, Any]) -> float:
     schema = fresh_schema(url)
     conninfo = schema_conninfo(url, schema)
-    try:
-        prefill(conninfo, n)
-        ctx = mp.get_context("spawn")
-        go, stop, ready = ctx.Event(), ctx.Event(), ctx.Queue()
-        counts = [ctx.RawValue("q", 0) for _ in range(processes)]
-        procs = [
-            ctx.Process(target=relay_process, args=(conninfo, go, stop, ready, config, count))
-            for count in counts
-        ]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            ready.get()
-        started = time.perf_counter()
-        go.set()
-        # Delivered counts, not a query: polling the table would cost the database.
-        while sum(c.value for c in counts) < n:
-            time.sleep(0.001)
-        with psycopg.connect(conninfo, autocommit=True) as conn:  # and the last acks
+
+    def acked() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             while conn.execute("SELECT EXISTS (SELECT 1 FROM outbox_messages)").fetchone()[0]:
                 time.sleep(0.001)
-        elapsed = time.perf_counter() - started
-        stop.set()
-        for p in procs:
-            p.join()
-        return n / elapsed
+
+    try:
+        prefill(conninfo, n)
+        return n / race(outbox_process, (conninfo, config), n, processes, acked)
+    finally:
+        drop_schema(url, schema)
+
+
+async def _pgqueuer(conninfo: str, go: Any, ready: Any, count: Any) -> None:
+    from pgqueuer import Job, PgQueuer, PsycopgDriver
+
+    conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    pgq = PgQueuer(PsycopgDriver(conn))
+
+    @pgq.entrypoint("bench.noop")
+    async def noop(job: Job) -> None:
+        count.value += 1
+
+    ready.put(os.getpid())
+    await anyio.to_thread.run_sync(go.wait)
+    await pgq.run(batch_size=100)
+
+
+def pgqueuer_process(go: Any, stop: Any, ready: Any, count: Any, conninfo: str) -> None:
+    import asyncio
+
+    asyncio.run(_pgqueuer(conninfo, go, ready, count))
+
+
+def pgqueuer(url: str, n: int, processes: int) -> float:
+    """pgqueuer 1.6 (a bench-only dependency) at batch 100: N jobs, P worker processes."""
+    from pgqueuer import PsycopgDriver, Queries
+
+    schema = fresh_schema(url)
+    conninfo = schema_conninfo(url, schema)
+
+    async def fill() -> None:
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        queries = Queries(PsycopgDriver(conn))
+        await queries.install()
+        for start in range(0, n, 5000):
+            k = min(5000, n - start)
+            await queries.enqueue(["bench.noop"] * k, [b'{"to": "x@example.com"}'] * k, [0] * k)
+        await conn.execute("VACUUM ANALYZE")
+        await conn.close()
+
+    try:
+        anyio.run(fill)
+        return n / race(pgqueuer_process, (conninfo,), n, processes)
     finally:
         drop_schema(url, schema)
 
@@ -121,7 +188,8 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, help="OUTBOX_CONCURRENCY (default: 4 batches)")
+    parser.add_argument("--concurrency", type=int, help="OUTBOX_CONCURRENCY (default: 8 batches)")
+    parser.add_argument("--no-pgqueuer", action="store_true", help="leave pgqueuer 1.6 out")
     args = parser.parse_args()
     config = {} if args.concurrency is None else {"concurrency": args.concurrency}
     with postgres(args.database_url) as url:
@@ -136,6 +204,13 @@ def main() -> int:
                 f" and {two / ref2:.2f}",
                 flush=True,
             )
+            if not args.no_pgqueuer:
+                pq1, pq2 = pgqueuer(url, args.messages, 1), pgqueuer(url, args.messages, 2)
+                print(
+                    f"         pgqueuer 1.6 1 process {pq1:,.0f}/s, 2 processes {pq2:,.0f}/s"
+                    f" ({pq2 / pq1:.2f}x); relay/pgqueuer {one / pq1:.2f} and {two / pq2:.2f}",
+                    flush=True,
+                )
     return 0
 
 
