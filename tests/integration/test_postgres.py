@@ -197,3 +197,27 @@ async def test_a_relay_of_many_topics_claims_only_those_in_due_order(
     claimed = await pg_store.claim(T0, LEASE, 100, topics=served)
 
     assert [m.topic for m in claimed] == served[::-1]
+
+
+async def test_two_relays_of_many_topics_claim_each_message_once(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    served = [f"registry.t{i}" for i in range(BY_TOPIC + 8)]  # the hashed sub-select
+    for i, topic in enumerate(served * 10):
+        await _add(pg_store, topic, 1, T0 - dt.timedelta(milliseconds=i))
+    seen: list[list[Any]] = [[], []]
+
+    async def relay(store: PostgresStore, mine: list[Any]) -> None:
+        while claimed := await store.claim(T0, LEASE, 7, topics=served):
+            mine.extend(m.id for m in claimed)
+            await store.ack_many([m.id for m in claimed])
+
+    async with (
+        connect_pool(pg_conninfo, min_size=1, max_size=2) as other,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(relay, pg_store, seen[0])
+        tg.start_soon(relay, PostgresStore(other), seen[1])
+
+    assert not set(seen[0]) & set(seen[1])
+    assert len(seen[0]) + len(seen[1]) == len(served) * 10
