@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from typing import Any
 
 import psycopg
-import pytest
 
 from outbox.postgres import migrate
 from tests.integration.process import run_outbox
+from tests.tools import require
 
 
 def schema_of(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -78,9 +77,7 @@ async def test_migrate_leaves_an_applications_own_tables_alone(pg_conninfo: str)
 def test_migrate_sql_applied_by_psql_gives_the_same_schema(
     pg_conninfo: str, postgres_url: str
 ) -> None:
-    psql = shutil.which("psql")
-    if psql is None:
-        pytest.skip("psql is not installed (apt-get install postgresql-client)")
+    psql = require("psql", "postgresql-client")  # on CI a missing psql fails, never skips
     printed = run_outbox("migrate", "--sql")
     assert printed.returncode == 0, printed.stderr
     assert "CREATE TABLE IF NOT EXISTS outbox_messages" in printed.stdout
