@@ -34,11 +34,10 @@ import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.clock import Clock, system_clock
-from outbox.durations import format_duration
-from outbox.errors import Dropped, Permanent, RetryAfter, StoreUnavailable, Unavailable
+from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
-from outbox.relay.backoff import backoff
 from outbox.relay.config import RelayConfig
+from outbox.relay.deliver import Delivering
 from outbox.relay.fleet import Fleet
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
@@ -59,11 +58,9 @@ _HOUSEKEEPING_GRACE = 1.0
 STORE_WAIT = 5.0
 """Longest wait for a pool connection (service.process sizes its pool's timeout
 so): a store call during an outage fails within this."""
-# A handler's deadline may come this share of its timeout early (see _work).
-_DEADLINE_SLACK = 0.01
 
 
-class Relay:
+class Relay(Delivering):
     """Delivers due messages from ``store`` to the handler for each topic.
 
     ``clock`` None (production): the store's time (the database's ``now()``)
@@ -395,136 +392,7 @@ class Relay:
             await self._until(lambda: not self._held)
         return 1
 
-    # -- delivering ------------------------------------------------------------
-
-    async def _start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
-        """Queue ``claimed`` and add workers while every running one waits."""
-        for m in claimed:
-            held = self._held[m.id]
-            if self._admit(held):
-                self._queue.append(held)
-        # Runs whenever every worker waits: then it adds one, so a handler that
-        # waits never holds back the rest, while handlers that finish at once
-        # share a task.
-        while self._queue and not self._stopping:
-            tg.start_soon(self._work)
-            self._workers += 1
-            await anyio.lowlevel.checkpoint()
-
-    def _admit(self, held: Held) -> bool:
-        """Whether ``held`` goes to its handler; if not, settle it now."""
-        m, route = held.message, held.route
-        if route is None:  # the registry changed since the claim: let another relay
-            self._decide(held)
-            self.settler.release(held)
-            return False
-        if m.attempts > route.max_attempts:
-            if held.solo:
-                reason = (
-                    f"claimed {m.attempts} times; delivered alone, it never finished "
-                    "(its relay died or stalled): it may crash the relay"
-                )
-            else:
-                reason = f"claimed {m.attempts} times, more than maxAttempts {route.max_attempts}"
-            self._decide(held)
-            self.settler.bury(held, reason)
-            return False
-        return True
-
-    async def _work(self) -> None:
-        # anyio's clock read through time.monotonic(): on asyncio the very same
-        # clock, elsewhere a fixed offset; anyio.current_time() costs
-        # microseconds a call, and this runs once per message.
-        offset = anyio.current_time() - time.monotonic()
-        try:
-            while self._queue and not self._stopping:
-                current: Held | None = None
-                with anyio.CancelScope() as scope:
-                    while self._queue and not self._stopping:
-                        current = self._queue.popleft()
-                        # Moving a deadline reschedules a timer: skip it while the
-                        # one set for an earlier message is at most _DEADLINE_SLACK
-                        # of this message's timeout early (never late).
-                        route = current.route
-                        due = time.monotonic() + offset + route.seconds
-                        if not due - route.seconds * _DEADLINE_SLACK <= scope.deadline <= due:
-                            scope.deadline = due
-                        await self._deliver(current)
-                        current = None
-                        if scope.cancel_called:
-                            break
-                if current is not None:  # its deadline ran out
-                    self._timed_out(current)
-        finally:
-            self._workers -= 1
-            self._signal()
-
-    async def _deliver(self, held: Held) -> None:
-        m, route = held.message, held.route
-        started = time.perf_counter()
-        try:
-            await route.handler(m)
-        except Permanent as exc:
-            self._decide(held)
-            self.settler.bury(held, f"permanent: {exc.reason}")
-        except Dropped as exc:
-            self._decide(held)
-            self.settler.ack(held, dropped=exc.reason)
-        except RetryAfter as exc:
-            self._fail(held, exc.reason, exc.delay)
-        except Unavailable as exc:
-            self._decide(held)  # the receiver is at fault, not the message: not counted
-            self.settler.retry(held, exc.delay, exc.reason, counted=False)
-        except Exception as exc:
-            self._fail(held, f"{type(exc).__name__}: {exc}")
-        except anyio.get_cancelled_exc_class():
-            if anyio.current_effective_deadline() == -math.inf:
-                raise  # we are being cancelled: a timeout or a shutdown
-            # The handler raised it on its own (a cancelled task inside it).
-            self._fail(held, "CancelledError: raised by the handler")
-        else:
-            self._decide(held)
-            self.settler.ack(held)
-        finally:
-            self.metrics.topic(m.topic).duration.observe(time.perf_counter() - started)
-
-    def _timed_out(self, held: Held) -> None:
-        if held.decided:
-            return
-        if self._stopping:
-            self._decide(held)
-            self.settler.release(held)
-            return
-        self._fail(held, f"timed out after {format_duration(held.route.timeout)}")
-
-    def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> None:
-        m = held.message
-        self._decide(held)
-        if m.attempts >= held.route.max_attempts:
-            self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
-        else:
-            self.settler.retry(held, delay or backoff(m.attempts), reason)
-
-    def _decide(self, held: Held) -> None:
-        """``held`` has an outcome: its delivery no longer counts against its topic."""
-        if held.decided:
-            return
-        held.decided = True
-        route = held.route
-        if route is not None and route.max_in_flight is not None:
-            self._topic_load[held.message.topic] -= 1
-            self._signal()
-
-    def _written(self, held: Held) -> None:
-        """``held``'s outcome is in the store (or given up): free its slot."""
-        if self._held.pop(held.message.id, None) is not None:
-            self._signal()
-
     # -- waiting ---------------------------------------------------------------
-
-    def _signal(self) -> None:
-        if self._changed is not None and not self._changed.is_set():
-            self._changed.set()
 
     async def _until(self, condition: Any) -> None:
         """Wait until ``condition()`` holds (re-checked whenever a slot or worker frees)."""
