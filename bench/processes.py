@@ -40,7 +40,7 @@ from throughput import drop_schema, fresh_schema, prefill, schema_conninfo
 
 
 async def _relay(
-    conninfo: str, go: Any, stop: Any, ready: Any, config: dict[str, Any], count: Any
+    go: Any, stop: Any, ready: Any, count: Any, conninfo: str, config: dict[str, Any]
 ) -> None:
     async def noop(m: Message) -> None:
         count.value += 1  # this process's own counter: no lock, no query
@@ -61,7 +61,7 @@ async def _relay(
 def outbox_process(
     go: Any, stop: Any, ready: Any, count: Any, conninfo: str, config: dict[str, Any]
 ) -> None:
-    anyio.run(_relay, conninfo, go, stop, ready, config, count)
+    anyio.run(_relay, go, stop, ready, count, conninfo, config)
 
 
 def race(
