@@ -337,20 +337,17 @@ class PostgresStore:
 
     async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
         if max_age is None:
-            return [
-                TopicStats(*r)
-                for r in await self._fetch(_BACKLOG_MEASURE, {"now": None, "keep": False})
-            ]
+            return [TopicStats(*r) for r in await self._fetch(_BACKLOG_MEASURE, {"keep": False})]
         async with self._translated(), self.pool.connection() as conn, conn.transaction():
             cur = await conn.execute(_TRY_LOCK, {"key": _BACKLOG_LOCK_KEY})
             row = await cur.fetchone()
             mine = bool(row and row[0])
-            cur = await conn.execute(_BACKLOG_READ, {"now": None, "max_age": max_age})
+            cur = await conn.execute(_BACKLOG_READ, {"max_age": max_age})
             last = await cur.fetchone()
             # Fresh, or being measured by another relay right now: read it.
             if last is not None and (last[1] or not mine):
                 return [_backlog_entry(*entry) for entry in last[0]]
-            cur = await conn.execute(_BACKLOG_MEASURE, {"now": None, "keep": mine})
+            cur = await conn.execute(_BACKLOG_MEASURE, {"keep": mine})
             return [TopicStats(*r) for r in await cur.fetchall()]
 
     async def topics(self) -> dict[str, TopicSettings]:

@@ -273,8 +273,9 @@ WHERE buried_at IS NOT NULL
   AND (%(topic)s::text IS NULL OR topic = %(topic)s);
 
 -- backlog_read --
--- The last backlog measurement, and whether it was taken within %(max_age)s.
-SELECT stats, measured_at > coalesce(%(now)s::timestamptz, now()) - %(max_age)s AS fresh
+-- The last backlog measurement, and whether it was taken within %(max_age)s
+-- (by the database's clock, which took it).
+SELECT stats, measured_at > now() - %(max_age)s AS fresh
 FROM outbox_backlog;
 
 -- backlog_measure --
@@ -291,7 +292,7 @@ WITH stats AS MATERIALIZED (
 ),
 kept AS (
     INSERT INTO outbox_backlog (id, measured_at, stats)
-    SELECT true, coalesce(%(now)s::timestamptz, now()),
+    SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending)
                               ORDER BY topic), '[]')
     FROM stats
