@@ -56,7 +56,13 @@ async def _transaction(store: PostgresStore, conn: repo.Conn | None) -> AsyncIte
 def _check_address(email: str) -> str:
     email = email.strip()
     local, at, domain = email.rpartition("@")
-    if not at or not local or "." not in domain or any(c.isspace() for c in email):
+    if (
+        not at
+        or not local
+        or "." not in domain
+        or any(c.isspace() or c in ',;:<>()[]"\\' for c in email)
+        or "@" in local
+    ):
         raise ValueError(f"outbox: not an email address: {email!r}")
     return email
 

@@ -543,3 +543,52 @@ def test_the_network_policy_opens_only_ports_the_pods_declare() -> None:
         assert declared <= ports | {"http-health"}, deploy["metadata"]["name"]
     assert ports == {"http-metrics", "http-health"}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_the_egress_policy_lets_relays_reach_only_what_is_listed() -> None:
+    values = {
+        "networkPolicy": {
+            "egress": {
+                "enabled": True,
+                "cidrs": [{"cidr": "10.0.5.0/24", "ports": [5432]}, {"cidr": "0.0.0.0/0"}],
+            }
+        }
+    }
+    docs = documents(render(values))
+    [policy] = by_kind(docs, "NetworkPolicy")
+    kubernetes_validate.validate(policy, "1.31.0", strict=True)
+    [relay] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-relay")]
+    rules = policy["spec"]["egress"]
+
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= (
+        relay["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert [p["port"] for p in rules[0]["ports"]] == [53, 53]
+    assert rules[1] == {
+        "to": [{"ipBlock": {"cidr": "10.0.5.0/24"}}],
+        "ports": [{"port": 5432, "protocol": "TCP"}],
+    }
+    assert rules[2] == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}]}
+    assert by_kind(documents(render({})), "NetworkPolicy") == []
+
+
+def test_secret_names_and_keys_are_quoted() -> None:
+    values = {
+        "smtp": {
+            "enabled": True,
+            "host": "mail",
+            "existingSecret": "smtp",
+            "usernameKey": "u\n optional: true",
+        },
+    }
+    docs = documents(render(values))
+    refs = [
+        env["valueFrom"]["secretKeyRef"]
+        for _, _, container in containers(docs)
+        for env in container.get("env", [])
+        if "secretKeyRef" in env.get("valueFrom", {})
+    ]
+
+    assert {"name": "smtp", "key": "u\n optional: true"} in refs
+    assert all("optional" not in ref for ref in refs)

@@ -6,14 +6,16 @@ import datetime as dt
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import kmock
 import nats
 from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail import LOGIN_LINK
-from outbox.service.settings import NatsSettings
-from tests.controller.conftest import Cluster, eventually
+from outbox.postgres import PostgresStore, migrate
+from outbox.service.settings import NatsSettings, WebhookSettings
+from tests.controller.conftest import Cluster, eventually, operator
 from tests.integration.test_nats import NatsServer
 from tests.integration.test_webhook import Receiver, serving
 
@@ -216,7 +218,7 @@ async def _max_attempts(cluster: Cluster, topic: str, value: int) -> bool:
 
 
 async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
-    cluster: Cluster, tmp_path: Path
+    k8s: kmock.KubernetesEmulator, pg_store: PostgresStore, pg_conninfo: str, tmp_path: Path
 ) -> None:
     stack = AsyncExitStack()
     receiver = await stack.enter_async_context(serving(Receiver()))
@@ -227,7 +229,13 @@ async def test_topics_bound_to_webhook_and_nats_deliver_without_a_relay_restart(
     js = nc.jetstream()
     await js.add_stream(name="SHIPPING", subjects=["shipping.>"])
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    kinds = HandlerKinds(clock=lambda: now, nats=NatsSettings.model_validate({"url": server.url}))
+    allow = WebhookSettings(allow=url)
+    kinds = HandlerKinds(
+        clock=lambda: now, nats=NatsSettings.model_validate({"url": server.url}), webhook=allow
+    )
+    await migrate(pg_conninfo)
+    await stack.enter_async_context(operator(k8s, pg_conninfo, kinds=kinds.mapping))
+    cluster = Cluster(k8s, pg_store)
     relay = Relay(
         cluster.store,
         {},

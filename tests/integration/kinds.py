@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, Store, new_message
 from outbox.handlers import HandlerKinds
-from outbox.service.settings import NatsSettings
+from outbox.service.settings import NatsSettings, WebhookSettings
 from outbox.store import TopicSettings
 
 T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)
@@ -25,12 +25,13 @@ class KindRelay:
         payload: dict[str, Any],
         *,
         nats: NatsSettings | None = None,
+        webhook: WebhookSettings | None = None,
         **config: Any,
     ) -> None:
         self.store = store
         self.payload = payload
         self.now = T0
-        self.kinds = HandlerKinds(clock=lambda: self.now, nats=nats)
+        self.kinds = HandlerKinds(clock=lambda: self.now, nats=nats, webhook=webhook)
         self.relay = Relay(
             store,
             {},

@@ -176,3 +176,29 @@ async def test_subject_outside_every_stream_is_a_clear_error_then_buried(
 def test_bad_config_is_refused(config: dict[str, Any], complaint: str) -> None:
     with pytest.raises(ValueError, match=complaint):
         HandlerKinds().mapping["nats"](config)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "$KV.flags.payments_enabled",
+        "$JS.API.STREAM.PURGE.ORDERS",
+        "$JS.API.STREAM.DELETE.ORDERS",
+        "$SYS.REQ.SERVER.PING",
+        "_INBOX.abc",
+    ],
+)
+def test_the_servers_own_subjects_are_refused(subject: str) -> None:
+    with pytest.raises(ValueError, match="server's own"):
+        HandlerKinds().mapping["nats"]({"subject": subject})
+
+
+def test_an_allowlist_limits_subjects_by_whole_tokens() -> None:
+    nats_settings = NatsSettings.model_validate({"allow": "orders, billing.events."})
+    kinds = HandlerKinds(nats=nats_settings).mapping
+
+    kinds["nats"]({"subject": "orders.placed"})
+    kinds["nats"]({"subject": "billing.events.paid"})
+    for subject in ("ordersx.placed", "billing.eventsx", "shipping.sent"):
+        with pytest.raises(ValueError, match="not under OUTBOX_NATS_ALLOW"):
+            kinds["nats"]({"subject": subject})

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
-import hashlib
-import hmac
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+import standardwebhooks
 from aiohttp import web
 
 from outbox import NotFound, Store, backoff
@@ -19,9 +19,11 @@ from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
 from outbox.service.settings import WebhookSettings
 from outbox.store import TopicSettings
+from outbox.webhooks import BadSignature, verify
 from tests.integration.kinds import T0, TOPIC, KindRelay
 
-SECRET = "whsec-test-0123456789"
+SECRET = "whsec_" + base64.b64encode(b"test-key-0123456789").decode()
+SECRET_ENV = "OUTBOX_WEBHOOK_SECRET_TEST"
 
 
 class Receiver:
@@ -34,27 +36,32 @@ class Receiver:
         self.released = anyio.Event()
         self.url = ""
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((dict(request.headers), await request.read()))
         if self.stall:
             await self.released.wait()
         status, headers = self.replies.pop(0) if self.replies else (200, {})
-        return web.Response(
-            status=status, headers=headers, text="bad payload" if status == 400 else "ok"
-        )
+        if headers.pop("X-Endless", None):
+            # A body that never ends: a relay that read it would time out.
+            endless = web.StreamResponse(status=status, headers=headers)
+            await endless.prepare(request)
+            while True:
+                await endless.write(b"x" * 65536)
+                await anyio.sleep(0.001)
+        return web.Response(status=status, headers=headers, text=f"bad payload {request.path_qs}")
 
 
 @asynccontextmanager
-async def serving(r: Receiver) -> AsyncIterator[Receiver]:
+async def serving(r: Receiver, host: str = "127.0.0.1") -> AsyncIterator[Receiver]:
     """Serve ``r`` on a loopback port; ``r.url`` is its address."""
     app = web.Application()
-    app.router.add_post("/hook", r.handle)
+    app.router.add_route("*", "/{tail:.*}", r.handle)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    r.url = f"http://127.0.0.1:{port}/hook"
+    r.url = f"http://{host}:{port}/hook"
     try:
         yield r
     finally:
@@ -70,29 +77,29 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 class Hooked(KindRelay):
     def __init__(self, store: Store[Any], url: str, **config: Any) -> None:
-        super().__init__(store, {"order": 42, "total": "9.99"}, **config)
+        allow = WebhookSettings(allow=url.rsplit("/", 1)[0] + "/hook")
+        super().__init__(store, {"order": 42, "total": "9.99"}, webhook=allow, **config)
         self.url = url
 
     async def bind(self, **extra: Any) -> None:
-        config = {"url": self.url, "secret_env": "OUTBOX_TEST_WEBHOOK_SECRET", **extra}
+        config = {"url": self.url, "secret_env": SECRET_ENV, **extra}
         await self.bind_kind("webhook", config)
 
 
 @pytest.fixture
 async def hooked(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Hooked]:
-    monkeypatch.setenv("OUTBOX_TEST_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
     h = Hooked(MemoryStore(), receiver.url)
     await h.bind()
     yield h
     await h.kinds.aclose()
 
 
-def verify(headers: dict[str, str], body: bytes) -> int:
+def signed_at(headers: dict[str, str], body: bytes) -> int:
     """Check the signature as a receiver would; return its timestamp."""
-    parts = dict(p.split("=", 1) for p in headers["Outbox-Signature"].split(","))
-    expected = hmac.new(SECRET.encode(), parts["t"].encode() + b"." + body, hashlib.sha256)
-    assert hmac.compare_digest(parts["v1"], expected.hexdigest())
-    return int(parts["t"])
+    stamp = int(headers["webhook-timestamp"])
+    verify(SECRET, headers, body, now=stamp)
+    return stamp
 
 
 async def test_posts_the_payload_signed_with_its_id_as_key(
@@ -109,9 +116,44 @@ async def test_posts_the_payload_signed_with_its_id_as_key(
     assert headers["Idempotency-Key"] == str(m.id)
     assert headers["Outbox-Topic"] == TOPIC
     assert headers["Outbox-Attempt"] == "1"
-    assert verify(headers, body) == int(T0.timestamp())
+    assert headers["webhook-id"] == str(m.id)
+    assert signed_at(headers, body) == int(T0.timestamp())
     with pytest.raises(NotFound):
         await hooked.store.get(m.id)
+
+
+@pytest.mark.parametrize("secret", [SECRET, "a plain secret, used as its bytes"])
+async def test_the_signature_is_standard_webhooks(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, secret)
+    hooked = Hooked(MemoryStore(), receiver.url)
+    hooked.now = dt.datetime.now(dt.UTC)
+    await hooked.bind()
+    await hooked.add()
+    await hooked.relay.drain()
+    await hooked.kinds.aclose()
+    [(headers, body)] = receiver.requests
+
+    key = secret if secret.startswith("whsec_") else secret.encode()
+    assert standardwebhooks.Webhook(key).verify(body, headers) == {"order": 42, "total": "9.99"}
+    assert verify(secret, headers, body) == headers["webhook-id"]
+
+
+def test_a_replay_under_another_id_or_late_fails_verification() -> None:
+    from outbox.webhooks import signature_headers
+
+    headers = signature_headers(SECRET, "m-1", 1_000_000, b"{}")
+
+    assert verify(SECRET, headers, b"{}", now=1_000_100) == "m-1"
+    with pytest.raises(BadSignature, match="no signature matches"):
+        verify(SECRET, {**headers, "webhook-id": "m-2"}, b"{}", now=1_000_100)
+    with pytest.raises(BadSignature, match="no signature matches"):
+        verify(SECRET, headers, b'{"a":1}', now=1_000_100)
+    with pytest.raises(BadSignature, match="tolerance"):
+        verify(SECRET, headers, b"{}", now=1_000_400)
+    with pytest.raises(BadSignature, match="missing"):
+        verify(SECRET, {}, b"{}")
 
 
 async def test_server_error_then_success_delivers_once_after_backoff(
@@ -164,8 +206,52 @@ async def test_client_error_is_buried_at_once(hooked: Hooked, receiver: Receiver
     state = await hooked.store.get(m.id)
     assert state.buried_at is not None
     assert state.message.attempts == 1
-    assert "HTTP 400" in (state.last_error or "")
-    assert "bad payload" in (state.last_error or "")
+    assert state.last_error == f"permanent: webhook: HTTP 400 from {hooked.url.rsplit('/', 1)[0]}"
+
+
+async def test_reasons_keep_the_receivers_body_and_the_urls_tokens_out(
+    hooked: Hooked, receiver: Receiver
+) -> None:
+    receiver.replies = [(500, {})]
+    await hooked.bind(url=receiver.url + "/T000/SECRETPATH?token=abc123")
+    m = await hooked.add()
+
+    await hooked.relay.drain()
+
+    reason = (await hooked.store.get(m.id)).last_error or ""
+    assert reason == f"ConnectionError: webhook: HTTP 500 from {receiver.url.rsplit('/', 1)[0]}"
+    assert receiver.requests[0][0]["Host"].startswith("127.0.0.1")
+
+
+async def test_an_endless_error_body_is_never_read(hooked: Hooked, receiver: Receiver) -> None:
+    receiver.replies = [(500, {"X-Endless": "1"})]
+    m = await hooked.add()
+
+    await hooked.relay.drain()
+
+    state = await hooked.store.get(m.id)
+    # Read, it would have run into the 2 s deadline instead.
+    where = receiver.url.rsplit("/", 1)[0]
+    assert state.last_error == f"ConnectionError: webhook: HTTP 500 from {where}"
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_a_failed_attempt_never_followed(
+    hooked: Hooked, receiver: Receiver, status: int
+) -> None:
+    async with serving(Receiver(), host="127.0.0.2") as elsewhere:
+        receiver.replies = [(status, {"Location": elsewhere.url})]
+        m = await hooked.add()
+
+        await hooked.relay.drain()
+
+        assert elsewhere.requests == []
+    state = await hooked.store.get(m.id)
+    assert state.buried_at is None
+    assert state.due_at == T0 + backoff(1)
+    assert f"HTTP {status} from" in (state.last_error or "")
+    assert "redirects are not followed" in (state.last_error or "")
+    assert len(receiver.requests) == 1
 
 
 async def test_slow_receiver_times_out_and_is_retried(hooked: Hooked, receiver: Receiver) -> None:
@@ -208,18 +294,79 @@ async def test_redelivery_after_a_lost_ack_carries_the_same_key(
         ({}, "url"),
         ({"url": "ftp://example.com/x"}, "url"),
         ({"url": "https://x.example/h", "secret_env": "lower"}, "secret_env"),
-        ({"url": "https://x.example/h", "headers": {"Authorization": "Bearer x"}}, "no secrets"),
+        ({"url": "https://x.example/h", "secret_env": "OUTBOX_DATABASE_URL"}, "secret_env"),
+        ({"url": "https://x.example/h", "secret_env": "OUTBOX_SMTP_PASSWORD"}, "secret_env"),
         ({"url": "https://x.example/h", "retries": 3}, "retries"),
+        ({"url": "https://svc:hunter2@x.example/h"}, "credentials"),
+        ({"url": "https://x.example/h/..%2f..%2fadmin"}, "encoded slashes"),
+        *(
+            ({"url": "https://x.example/h", "headers": {name: "x"}}, complaint)
+            for name, complaint in [
+                ("Authorization", "reserved"),
+                ("AUTHORIZATION", "reserved"),
+                ("Authorization ", "not an HTTP token"),
+                (" Host", "not an HTTP token"),
+                ("Host", "reserved"),
+                ("Content-Length", "reserved"),
+                ("transfer-encoding", "reserved"),
+                ("Proxy-Authorization", "reserved"),
+                ("Cookie", "reserved"),
+                ("Idempotency-Key", "reserved"),
+                ("Outbox-Topic", "reserved"),
+                ("webhook-signature", "reserved"),
+                ("X-Bad\r\nInjected", "not an HTTP token"),
+            ]
+        ),
+        ({"url": "https://x.example/h", "headers": {"X-Tenant": "a\r\nHost: b"}}, "control"),
+        ({"url": "https://x.example/h", "headers": {"X-Tenant": "a\x00"}}, "control"),
     ],
 )
 def test_bad_config_is_refused_with_the_field(config: dict[str, Any], complaint: str) -> None:
+    kinds = HandlerKinds(webhook=WebhookSettings(allow="https://x.example/"))
     with pytest.raises(ValueError, match=complaint):
-        HandlerKinds().mapping["webhook"](config)
+        kinds.mapping["webhook"](config)
 
 
-def test_an_allowlist_refuses_urls_outside_it() -> None:
-    kinds = HandlerKinds(webhook=WebhookSettings(allow="https://billing.internal/, https://crm/"))
+def test_without_an_allowlist_webhooks_may_send_nowhere() -> None:
+    with pytest.raises(ValueError, match="OUTBOX_WEBHOOK_ALLOW is empty"):
+        HandlerKinds().mapping["webhook"]({"url": "https://billing.internal/hooks"})
 
-    kinds.mapping["webhook"]({"url": "https://billing.internal/hooks/orders"})
-    with pytest.raises(ValueError, match="not under OUTBOX_WEBHOOK_ALLOW"):
-        kinds.mapping["webhook"]({"url": "https://attacker.example/collect"})
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://billing.internal/hooks",
+        "https://billing.internal/hooks/",
+        "https://BILLING.internal:443/hooks/orders?tenant=7",
+        "https://crm/anything",
+    ],
+)
+def test_an_allowlist_admits_its_hosts_and_paths(url: str) -> None:
+    kinds = HandlerKinds(
+        webhook=WebhookSettings(allow="https://billing.internal/hooks, https://crm")
+    )
+
+    kinds.mapping["webhook"]({"url": url})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://attacker.example/collect",
+        "https://billing.internal.evil.example/hooks",
+        "https://billing.internal@evil.example/hooks",
+        "https://billing.internal:x@evil.example/hooks",
+        "https://billing.internal/hooksx",
+        "https://billing.internal/other",
+        "http://billing.internal/hooks",
+        "https://billing.internal:8443/hooks",
+        "https://crm.evil.example/",
+    ],
+)
+def test_an_allowlist_compares_parsed_urls_not_strings(url: str) -> None:
+    kinds = HandlerKinds(
+        webhook=WebhookSettings(allow="https://billing.internal/hooks, https://crm")
+    )
+
+    with pytest.raises(ValueError, match=r"not under OUTBOX_WEBHOOK_ALLOW|credentials"):
+        kinds.mapping["webhook"]({"url": url})

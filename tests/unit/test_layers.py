@@ -30,6 +30,7 @@ CORE = {
     "durations",
     "postgres",
     "wake",
+    "webhooks",
 }
 # layer -> the layers it must not import
 FORBIDDEN = {

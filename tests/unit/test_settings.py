@@ -124,3 +124,16 @@ def test_a_config_built_in_code_ignores_the_environment(monkeypatch: pytest.Monk
     monkeypatch.delenv("OUTBOX_LEASE")
     assert RelayConfig.from_env().batch == 77
     assert RelayConfig.from_env(batch=5).batch == 5
+
+
+def test_a_smtp_password_in_clear_text_is_refused_unless_on_loopback() -> None:
+    from outbox.errors import ConfigError
+    from outbox.relay.config import load
+    from outbox.service.settings import SmtpSettings
+
+    with pytest.raises(ConfigError, match="OUTBOX_SMTP_TLS: none would send") as caught:
+        load(SmtpSettings, host="mail.example.com", tls="none", password="Sup3rS3cret")
+    assert "Sup3rS3cret" not in str(caught.value)
+
+    assert load(SmtpSettings, host="127.0.0.1", tls="none", password="x").tls == "none"
+    assert load(SmtpSettings, host="mail.example.com", tls="none").tls == "none"

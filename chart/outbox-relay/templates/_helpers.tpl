@@ -76,8 +76,8 @@ app.kubernetes.io/component: {{ .component }}
 - name: OUTBOX_DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "outbox-relay.databaseSecret" . }}
-      key: {{ .Values.database.secretKey }}
+      name: {{ include "outbox-relay.databaseSecret" . | quote }}
+      key: {{ .Values.database.secretKey | quote }}
 - name: OUTBOX_POOL_SIZE
   value: {{ .Values.database.poolSize | quote }}
 - name: OUTBOX_LOG_FORMAT

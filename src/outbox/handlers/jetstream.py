@@ -4,6 +4,10 @@ Every publish carries ``Nats-Msg-Id: <message id>``, so the stream's duplicate
 window drops a redelivery (a relay that published and crashed before its ack).
 A message counts as delivered only when the stream acknowledges it. One
 connection per relay serves every nats topic and reconnects by itself.
+
+Subjects of the server's own APIs (``$JS.API``, ``$KV``, ``$SYS``, ``_INBOX``)
+are refused whatever the relay's NATS user may publish to, and
+OUTBOX_NATS_ALLOW narrows the rest to the prefixes the deployer lists.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field
 
+from outbox.handlers.allow import check_subject
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
@@ -46,6 +51,7 @@ class NatsKind:
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
         cfg = parse_config(NatsConfig, config)
+        check_subject(cfg.subject, self.settings.subjects())
 
         async def publish(m: Message) -> None:
             js = await self._jetstream()

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, FilePath, SecretStr, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.handlers.allow import UrlPrefix
 from outbox.relay.config import ENV_PREFIX, Duration
 
 __all__ = ["NatsSettings", "SmtpSettings", "WebhookSettings", "lower"]
@@ -56,6 +65,17 @@ class SmtpSettings(BaseSettings):
         description="Longest wait for the SMTP server at each step.",
     )
 
+    @field_validator("tls")
+    @classmethod
+    def _no_clear_text_password(cls, tls: str, info: ValidationInfo) -> str:
+        host = info.data.get("host")
+        if tls == "none" and info.data.get("password") is not None and not _loopback(host):
+            raise ValueError(
+                f"none would send OUTBOX_SMTP_PASSWORD in clear text to {host}; use "
+                "starttls or tls (none with a password is for a server on loopback only)"
+            )
+        return tls
+
     @property
     def enabled(self) -> bool:
         return bool(self.host)
@@ -89,6 +109,15 @@ class NatsSettings(BaseSettings):
         gt=dt.timedelta(0),
         description="Longest wait for one connection attempt.",
     )
+    allow: str = Field(
+        default="",
+        pattern=r"^[^*>$]*$",
+        description=(
+            "Comma-separated subject prefixes nats topics may publish to (like "
+            "orders,billing.events), by whole tokens; empty: any subject but the "
+            "server's own ($JS, $KV, $SYS, _INBOX)."
+        ),
+    )
 
     @field_validator("url")
     @classmethod
@@ -97,6 +126,9 @@ class NatsSettings(BaseSettings):
 
     def servers(self) -> list[str]:
         return [u.strip() for u in self.url.split(",") if u.strip()]
+
+    def subjects(self) -> tuple[str, ...]:
+        return tuple(p.strip().rstrip(".") for p in self.allow.split(",") if p.strip())
 
 
 class WebhookSettings(BaseSettings):
@@ -110,17 +142,34 @@ class WebhookSettings(BaseSettings):
         default="",
         description=(
             "Comma-separated URL prefixes webhook topics may POST to (like "
-            "https://billing.internal/); empty: any URL."
+            "https://billing.internal/hooks/), compared as scheme, host, port and whole "
+            "path segments; empty: webhook topics may send nowhere."
         ),
     )
 
     @field_validator("allow")
     @classmethod
     def _prefixes(cls, value: str) -> str:
-        return _schemes(value, ("http", "https"), "https://billing.internal/") if value else value
+        if value:
+            _schemes(value, ("http", "https"), "https://billing.internal/")
+            for item in value.split(","):
+                try:
+                    UrlPrefix.parse(item)
+                except ValueError as exc:
+                    raise ValueError(f"{item.strip()!r} {exc}") from None
+        return value
 
     def prefixes(self) -> list[str]:
         return [p.strip() for p in self.allow.split(",") if p.strip()]
+
+
+def _loopback(host: str | None) -> bool:
+    if host in (None, "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _schemes(value: str, schemes: tuple[str, ...], example: str) -> str:

@@ -1,12 +1,17 @@
 """The webhook handler kind: POST each message to a URL, signed, with its id as key.
 
-Receivers drop repeats by ``Idempotency-Key`` (the message id, the same on
-every attempt) and authenticate with ``Outbox-Signature: t=<unix>,v1=<hex>``,
-an HMAC-SHA256 over ``"<t>." + body`` with a secret the relay reads from the
-environment variable the topic's config names (never from the resource).
+Receivers drop repeats by ``Idempotency-Key`` or ``webhook-id`` (both the
+message id, the same on every attempt) and authenticate with the Standard
+Webhooks signature (``outbox.webhooks.verify``), keyed by a secret the relay
+reads from an ``OUTBOX_WEBHOOK_SECRET_*`` variable the topic's config names
+(never from the resource, never any other variable of the relay).
 
 2xx delivers. 408, 429 and 5xx retry, after Retry-After when the receiver
-sends one; other 4xx bury at once. One aiohttp session (one connection pool)
+sends one; 3xx is a failed attempt (redirects are never followed: the allow
+list is checked once, on the configured URL); other 4xx bury at once. Reasons
+name the URL's origin and the status only: a receiver's body (which may echo
+the payload) and the URL's path and query (which may be a capability) stay
+out of ``last_error`` and the logs, and no body is read. One aiohttp session
 serves every webhook topic of the relay.
 """
 
@@ -14,25 +19,54 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
-import hashlib
-import hmac
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outbox.errors import Permanent, RetryAfter
+from outbox.handlers.allow import UrlPrefix, origin, parse_url
 from outbox.handlers.config import parse_config
 from outbox.message import Message
 from outbox.relay import Clock
 from outbox.relay.routing import Handler
+from outbox.webhooks import signature_headers
 
-__all__ = ["WebhookConfig", "WebhookKind", "sign"]
+__all__ = ["SECRET_PREFIX", "WebhookConfig", "WebhookKind"]
+
+SECRET_PREFIX = "OUTBOX_WEBHOOK_SECRET_"
+"""The only variables a topic may name as its signing secret."""
+MAX_HEADERS = 20
 
 _RETRYABLE = {408, 429}
 _MAX_RETRY_AFTER = dt.timedelta(hours=1)
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
+# Framing, routing, credentials and the relay's own headers: a resource that
+# set these could empty the body (Content-Length: 0 acks a lost message),
+# desync a proxy, reach another virtual host or forge a signature.
+_RESERVED = frozenset(
+    {
+        "authorization",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "cookie",
+        "expect",
+        "host",
+        "idempotency-key",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_RESERVED_PREFIXES = ("proxy-", "outbox-", "webhook-", "sec-")
 
 
 class WebhookConfig(BaseModel):
@@ -40,15 +74,33 @@ class WebhookConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: AnyHttpUrl
-    secret_env: str | None = Field(default=None, pattern=r"^[A-Z_][A-Z0-9_]*$")
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: str = Field(max_length=2048)
+    secret_env: str | None = Field(
+        default=None, pattern=rf"^{SECRET_PREFIX}[A-Z0-9_]+$", max_length=200
+    )
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_url(value)
+        return value.strip()
 
-def sign(secret: bytes, timestamp: int, body: bytes) -> str:
-    """The Outbox-Signature header value for ``body`` sent at ``timestamp``."""
-    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={timestamp},v1={mac}"
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _TOKEN.match(name):
+                raise ValueError("a header name is not an HTTP token (no spaces or controls)")
+            lowered = name.lower()
+            if lowered in _RESERVED or lowered.startswith(_RESERVED_PREFIXES):
+                raise ValueError(
+                    f"{name} must not be set from config (framing, routing, credentials "
+                    "and the relay's own headers are reserved; no secrets)"
+                )
+            if len(text) > 1024 or not _VALUE.match(text):
+                raise ValueError(f"the value of {name} has control characters or is too long")
+        return value
 
 
 def _retry_after(value: str | None, now: dt.datetime) -> dt.timedelta | None:
@@ -70,20 +122,30 @@ class WebhookKind:
 
     def __init__(self, clock: Clock, allow: Sequence[str] = ()) -> None:
         self.clock = clock
-        self.allow = tuple(allow)
-        """URL prefixes a topic may send to (OUTBOX_WEBHOOK_ALLOW); empty: any."""
+        self.allow = tuple(UrlPrefix.parse(p) for p in allow)
+        """Where topics may send (OUTBOX_WEBHOOK_ALLOW); empty: nowhere."""
         self._session: aiohttp.ClientSession | None = None
 
-    def __call__(self, config: Mapping[str, Any]) -> Handler:
+    def check(self, config: Mapping[str, Any]) -> WebhookConfig:
+        """``config`` parsed, or ValueError when relays may not send where it says."""
         cfg = parse_config(WebhookConfig, config)
-        for name in cfg.headers:
-            if name.lower() in ("authorization", "cookie") or "\n" in name:
-                raise ValueError(f"headers: {name} must not be set from config (no secrets)")
-        url = str(cfg.url)
-        if self.allow and not any(url.startswith(prefix) for prefix in self.allow):
+        url = parse_url(cfg.url)
+        if not self.allow:
             raise ValueError(
-                f"url {url} is not under OUTBOX_WEBHOOK_ALLOW ({', '.join(self.allow)})"
+                "OUTBOX_WEBHOOK_ALLOW is empty, so webhook topics may send nowhere; "
+                "list the URL prefixes of your receivers there"
             )
+        if not any(prefix.admits(url) for prefix in self.allow):
+            raise ValueError(
+                f"url {origin(url)}/... is not under OUTBOX_WEBHOOK_ALLOW "
+                f"({', '.join(map(str, self.allow))})"
+            )
+        return cfg
+
+    def __call__(self, config: Mapping[str, Any]) -> Handler:
+        cfg = self.check(config)
+        url = cfg.url
+        where = origin(parse_url(url))
 
         async def deliver(m: Message) -> None:
             headers = {
@@ -98,13 +160,22 @@ class WebhookKind:
                 if not secret:
                     raise RuntimeError(f"webhook secret variable {cfg.secret_env} is not set")
                 stamp = int(self.clock().timestamp())
-                headers["Outbox-Signature"] = sign(secret.encode(), stamp, m.payload)
-            async with self._client().post(url, data=m.payload, headers=headers) as response:
+                headers.update(signature_headers(secret, str(m.id), stamp, m.payload))
+            try:
+                response = await self._client().post(
+                    url, data=m.payload, headers=headers, allow_redirects=False
+                )
+            except aiohttp.ClientError as exc:
+                raise ConnectionError(f"webhook: {where}: {type(exc).__name__}") from None
+            # The body is never read: released unread, the connection closes,
+            # and a receiver's gigabytes never reach the relay's memory.
+            async with response:
                 status = response.status
                 if 200 <= status < 300:
                     return
-                text = (await response.text(errors="replace"))[:200]
-                reason = f"webhook: HTTP {status} from {url}: {' '.join(text.split())}"
+                reason = f"webhook: HTTP {status} from {where}"
+                if 300 <= status < 400:
+                    raise ConnectionError(f"{reason} (a redirect; redirects are not followed)")
                 if status in _RETRYABLE or status >= 500:
                     delay = _retry_after(response.headers.get("Retry-After"), self.clock())
                     if delay is not None:
@@ -120,6 +191,8 @@ class WebhookKind:
                 connector=aiohttp.TCPConnector(limit=100),
                 # The relay's deadline bounds each delivery; no second clock here.
                 timeout=aiohttp.ClientTimeout(total=None),
+                # Redirects are refused per request too; no cookies are kept.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

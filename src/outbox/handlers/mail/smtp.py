@@ -92,6 +92,8 @@ class SmtpSender:
         try:
             await aiosmtplib.send(
                 mail,
+                # One recipient, named here: never derived from the headers.
+                recipients=[str(mail["To"])],
                 hostname=self.host,
                 port=s.effective_port(),
                 username=s.username,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, StringConstraints
 
 __all__ = ["EMAIL_CHANGE", "LOGIN_LINK", "TOPICS", "EmailChange", "LoginLink"]
 
@@ -18,13 +19,20 @@ TOPICS = frozenset({LOGIN_LINK, EMAIL_CHANGE})
 """The topics with a built-in handler."""
 
 
+Address = Annotated[
+    str,
+    StringConstraints(max_length=254, pattern=r'^[^\s@,;:<>()\[\]"\\]+@[^\s@,;:<>()\[\]"\\]+$'),
+]
+"""Exactly one addr-spec (local@domain): no lists, no display names, no groups."""
+
+
 class LoginLink(BaseModel):
     """Payload of mail.login_link. Holds the one-time code: never log it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     account_id: uuid.UUID
-    to: str
+    to: Address
     link: str
     code: str
     expires_at: AwareDatetime
@@ -36,7 +44,7 @@ class EmailChange(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     account_id: uuid.UUID
-    to: str
+    to: Address
     previous: str
     link: str
     expires_at: AwareDatetime

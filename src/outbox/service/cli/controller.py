@@ -18,6 +18,7 @@ from outbox.service.cli.common import (
 )
 from outbox.service.settings import (
     ControllerSettings,
+    NatsSettings,
     RelayConfig,
     RelaySettings,
     ServiceSettings,
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                 conninfo=url,
                 lease=lease,
                 status_interval=own.status_interval.total_seconds(),
-                kinds=HandlerKinds(webhook=load(WebhookSettings)).mapping,
+                kinds=HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings)).mapping,
             )
             async with anyio.create_task_group() as tg:
                 # /metrics for Prometheus: its `up` is what OutboxControllerAbsent reads.

@@ -24,6 +24,7 @@ from outbox.service.cli.common import (
     with_store,
 )
 from outbox.service.settings import (
+    NatsSettings,
     RelayConfig,
     RelaySettings,
     ServiceSettings,
@@ -95,7 +96,7 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 def _topics_set(args: argparse.Namespace) -> int:
     lease = RelayConfig.from_env().lease
-    kinds = HandlerKinds(webhook=load(WebhookSettings)).mapping
+    kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings)).mapping
     if args.handler is not None and args.handler is not admin.DEFAULT:
         # What the arguments say on their own is checked before any connection.
         alone = TopicSettings(args.topic, handler=args.handler, config=args.config or {})
