@@ -22,6 +22,8 @@ from outbox.durations import format_duration
 from outbox.errors import NotFound
 from outbox.message import Message, check_message, validate_topic
 from outbox.store import (
+    SWEEP_BATCH,
+    SWEEP_BUDGET,
     Claimed,
     RelayInfo,
     StoredMessage,
@@ -258,8 +260,13 @@ class MemoryStore:
         return sorted(live, key=lambda r: (r.started_at or now, r.id))
 
     async def bury_unserved(
-        self, grace: dt.timedelta, *, now: dt.datetime | None = None
-    ) -> list[tuple[uuid.UUID, str]]:
+        self,
+        grace: dt.timedelta,
+        *,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+        budget: int = SWEEP_BUDGET,
+    ) -> dict[str, int]:
         now = now or self.clock()
         served = {t for r in await self.relays(now=now) for t in r.topics}
         waiting = {r.message.topic for r in self._rows.values() if self._due(r, now)}
@@ -267,13 +274,16 @@ class MemoryStore:
         expired = {t for t in unserved if t in self._unserved and self._unserved[t] <= now - grace}
         self._unserved = {t: self._unserved.get(t, now) for t in unserved}
         why = f" (no live relay served it for {format_duration(grace)})"
-        buried = []
+        buried: dict[str, int] = {}
         for r in self._rows.values():
+            if budget <= 0:
+                break
             if r.message.topic in expired and self._due(r, now):
                 r.buried_at, r.leased_until = now, None
                 r.last_error = f"no handler for topic {r.message.topic}{why}"
-                buried.append((r.message.id, r.message.topic))
-        return buried
+                buried[r.message.topic] = buried.get(r.message.topic, 0) + 1
+                budget -= 1
+        return dict(sorted(buried.items()))
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return self._row(message_id).state()
@@ -282,25 +292,34 @@ class MemoryStore:
         self,
         *,
         topic: str | None = None,
-        since: dt.datetime | None = None,
+        within: dt.timedelta | None = None,
         limit: int = 100,
+        now: dt.datetime | None = None,
     ) -> list[StoredMessage]:
+        since = None if within is None else (now or self.clock()) - within
         rows = [
             r
             for r in self._buried(None, topic)
             if since is None or (r.buried_at is not None and r.buried_at >= since)
         ]
         rows.sort(key=lambda r: (r.buried_at, r.message.id), reverse=True)
-        return [r.state() for r in rows[:limit]]
+        listed = []
+        for r in rows[:limit]:
+            state = r.state()
+            bare = dataclasses.replace(state.message, payload=b"")
+            listed.append(dataclasses.replace(state, message=bare, size=len(state.message.payload)))
+        return listed
 
     async def requeue(
         self,
-        now: dt.datetime,
         *,
         ids: Sequence[uuid.UUID] | None = None,
         topic: str | None = None,
         dry_run: bool = False,
-    ) -> list[uuid.UUID]:
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        now = now or self.clock()
         rows = self._buried(ids, topic)
         if not dry_run:
             for r in rows:
@@ -309,11 +328,18 @@ class MemoryStore:
                 r.token, r.solo = None, False
                 r.requeues += 1
                 r.requeued_at = now
-        return [r.message.id for r in rows]
+        return len(rows)
 
     async def purge_buried(
-        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+        self,
+        older_than: dt.timedelta,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
     ) -> int:
+        before = (now or self.clock()) - older_than
         old = [r for r in self._buried(None, topic) if r.buried_at and r.buried_at < before]
         if not dry_run:
             for r in old:

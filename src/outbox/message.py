@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import re
 import sys
 import uuid
@@ -17,9 +18,10 @@ from typing import Any, TypeVar
 
 import uuid_utils.compat
 
-from outbox.errors import EncodeError, PayloadMismatch
+from outbox.errors import ConfigError, EncodeError, PayloadMismatch
 
 __all__ = [
+    "MAX_PAYLOAD",
     "TOPIC_MAX_LENGTH",
     "Message",
     "check_message",
@@ -31,6 +33,32 @@ __all__ = [
 T = TypeVar("T")
 
 TOPIC_MAX_LENGTH = 200
+MAX_PAYLOAD = 1024 * 1024
+"""The default largest payload, in bytes of JSON; OUTBOX_MAX_PAYLOAD sets another."""
+_SIZE = re.compile(r"(\d+)\s*(|b|kib|mib)", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 * 1024}
+
+
+def max_payload() -> int:
+    """The largest payload producers may add: OUTBOX_MAX_PAYLOAD (bytes, KiB or MiB)."""
+    text = os.environ.get("OUTBOX_MAX_PAYLOAD", "").strip()
+    if not text:
+        return MAX_PAYLOAD
+    match = _SIZE.fullmatch(text)
+    if not match or not 1 <= int(match[1]) * _UNITS[match[2].lower()] <= 64 * 1024 * 1024:
+        raise ConfigError(
+            "OUTBOX_MAX_PAYLOAD", "must be a size from 1 byte to 64MiB (like 262144 or 256KiB)"
+        )
+    return int(match[1]) * _UNITS[match[2].lower()]
+
+
+def _size_problem(size: int) -> str | None:
+    limit = max_payload()
+    if size > limit:
+        return f"payload is {size} bytes of JSON; OUTBOX_MAX_PAYLOAD allows {limit}"
+    return None
+
+
 _TOPIC = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
@@ -137,6 +165,9 @@ def new_message(
         _check(json.loads(data, object_pairs_hook=_unique_keys))
     except (TypeError, ValueError, RecursionError) as exc:
         raise EncodeError(topic, str(exc)) from exc
+    problem = _size_problem(len(data))
+    if problem:
+        raise EncodeError(topic, problem)
     return Message(
         id=uuid_utils.compat.uuid7(),
         topic=topic,
@@ -161,9 +192,12 @@ def check_message(m: Message) -> Message:
     for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
         if at is not None and (at.tzinfo is None or at.utcoffset() is None):
             raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")
+    problem = _size_problem(len(m.payload))
+    if problem:
+        raise ValueError(f"outbox: {m.id} ({m.topic}): {problem}")
     try:
         loads_strict(m.payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"outbox: payload of {m.id} ({m.topic}): {exc}") from None
     return m
 

@@ -28,7 +28,14 @@ from typing import Any, Protocol, TypeVar
 from outbox.message import Message
 from outbox.uow import UnitOfWork
 
+SWEEP_BATCH = 5_000
+"""Messages one statement of a bulk write (sweep, requeue, purge) changes at most."""
+SWEEP_BUDGET = 250_000
+"""Messages one unserved sweep buries at most; the next sweep goes on."""
+
 __all__ = [
+    "SWEEP_BATCH",
+    "SWEEP_BUDGET",
     "Claimed",
     "Operator",
     "Producer",
@@ -61,6 +68,8 @@ class StoredMessage:
     requeues: int = 0
     """Times an operator requeued it after it was buried."""
     requeued_at: dt.datetime | None = None
+    size: int | None = None
+    """Bytes of the payload, when the payload itself was not read (list_buried)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -221,13 +230,21 @@ class RelayStore(Protocol):
         ...
 
     async def bury_unserved(
-        self, grace: dt.timedelta, *, now: dt.datetime | None = None
-    ) -> list[tuple[uuid.UUID, str]]:
-        """Bury due messages of topics nobody has served for ``grace``; return (id, topic).
+        self,
+        grace: dt.timedelta,
+        *,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+        budget: int = SWEEP_BUDGET,
+    ) -> dict[str, int]:
+        """Bury due messages of topics nobody has served for ``grace``; count them by topic.
 
         A topic is unserved while no live relay serves it and it has no
         registry entry (a paused or bound topic waits for its relays). The
         store notes since when; a topic noted now is buried by a later call.
+        Burials go in batches of ``batch``, each committed, at most ``budget``
+        in one call (the next call goes on): a typo'd topic of millions never
+        becomes one statement, and the caller never holds a row per message.
         """
         ...
 
@@ -266,32 +283,48 @@ class Operator(Protocol):
         self,
         *,
         topic: str | None = None,
-        since: dt.datetime | None = None,
+        within: dt.timedelta | None = None,
         limit: int = 100,
+        now: dt.datetime | None = None,
     ) -> list[StoredMessage]:
-        """Buried messages, newest first; of ``topic`` and buried at or after ``since``."""
+        """Buried messages, newest first; of ``topic`` and buried within ``within``.
+
+        Payloads are not read (``message.payload`` is empty; ``size`` says how
+        large it is): ``get`` reads one message whole.
+        """
         ...
 
     async def requeue(
         self,
-        now: dt.datetime,
         *,
         ids: Sequence[uuid.UUID] | None = None,
         topic: str | None = None,
         dry_run: bool = False,
-    ) -> list[uuid.UUID]:
-        """Make buried messages due at ``now`` with attempts reset; return their ids.
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        """Make buried messages due now with attempts reset; return how many.
 
         Only buried messages are touched, so it is idempotent. ``ids`` and
         ``topic`` narrow the selection; with neither, every buried message is
-        requeued. The last error stays, and the requeue is counted.
+        requeued. The last error stays, and the requeue is counted. Works in
+        batches of ``batch``, each committed; a dry run only counts.
         """
         ...
 
     async def purge_buried(
-        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+        self,
+        older_than: dt.timedelta,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
     ) -> int:
-        """Delete buried messages buried before ``before``; return how many."""
+        """Delete messages buried longer than ``older_than`` ago; return how many.
+
+        Batches of ``batch``, each committed; a dry run only counts.
+        """
         ...
 
     async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:

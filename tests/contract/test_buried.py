@@ -37,7 +37,7 @@ async def test_list_buried_is_newest_first_and_filters(store: Store[Any]) -> Non
 
     everything = await store.list_buried()
     of_a = await store.list_buried(topic="mail.a")
-    recent = await store.list_buried(since=T0 + 2 * H)
+    recent = await store.list_buried(within=H, now=T0 + 3 * H)
     one = await store.list_buried(limit=1)
 
     assert [s.message.id for s in everything] == [new.id, other.id, old.id]
@@ -46,13 +46,15 @@ async def test_list_buried_is_newest_first_and_filters(store: Store[Any]) -> Non
     assert [s.message.id for s in one] == [new.id]
     assert everything[0].last_error == "boom"
     assert everything[0].message.attempts == 1
+    assert everything[0].message.payload == b""  # listing never reads payloads
+    assert everything[0].size == len(new.payload)
 
 
 async def test_requeue_makes_buried_due_now_with_attempts_reset(store: Store[Any]) -> None:
     m = await buried(store, "mail.a", T0, reason="550 no such user")
     now = T0 + 5 * H
 
-    assert await store.requeue(now, ids=[m.id]) == [m.id]
+    assert await store.requeue(ids=[m.id], now=now) == 1
 
     state = await store.get(m.id)
     assert state.buried_at is None
@@ -68,11 +70,11 @@ async def test_requeue_is_idempotent_and_never_touches_live_messages(store: Stor
     live = await pending(store, "mail.a")
     now = T0 + H
 
-    first = await store.requeue(now, ids=[m.id, live.id])
-    second = await store.requeue(now, ids=[m.id, live.id])
+    first = await store.requeue(ids=[m.id, live.id], now=now)
+    second = await store.requeue(ids=[m.id, live.id], now=now)
 
-    assert first == [m.id]
-    assert second == []
+    assert first == 1
+    assert second == 0
     assert (await store.get(live.id)).requeues == 0
 
 
@@ -81,16 +83,31 @@ async def test_requeue_by_topic_or_all(store: Store[Any]) -> None:
     a2 = await buried(store, "mail.a", T0 + H)
     b = await buried(store, "mail.b", T0)
 
-    assert sorted(await store.requeue(T0, topic="mail.a")) == sorted([a1.id, a2.id])
-    assert await store.requeue(T0) == [b.id]
+    assert await store.requeue(topic="mail.a", now=T0) == 2
+    assert (await store.get(a1.id)).buried_at is None
+    assert (await store.get(a2.id)).buried_at is None
+    assert await store.requeue(now=T0) == 1
+    assert (await store.get(b.id)).buried_at is None
+    assert await store.list_buried() == []
+
+
+async def test_requeue_and_purge_work_in_batches(store: Store[Any]) -> None:
+    for i in range(5):
+        await buried(store, "mail.a", T0 + i * dt.timedelta(seconds=1))
+
+    assert await store.requeue(topic="mail.a", now=T0 + H, batch=2) == 5
+    assert await store.list_buried() == []
+    for _ in range(5):
+        await buried(store, "mail.b", T0)
+    assert await store.purge_buried(H, now=T0 + 2 * H, batch=2) == 5
     assert await store.list_buried() == []
 
 
 async def test_dry_runs_change_nothing(store: Store[Any]) -> None:
     m = await buried(store, "mail.a", T0)
 
-    assert await store.requeue(T0 + H, dry_run=True) == [m.id]
-    assert await store.purge_buried(T0 + H, dry_run=True) == 1
+    assert await store.requeue(dry_run=True, now=T0 + H) == 1
+    assert await store.purge_buried(H, dry_run=True, now=T0 + 2 * H) == 1
 
     assert (await store.get(m.id)).buried_at == T0
 
@@ -101,8 +118,8 @@ async def test_purge_deletes_only_buried_messages_past_retention(store: Store[An
     recent = await buried(store, "mail.a", T0 + 10 * H)
     live = await pending(store, "mail.a")
 
-    assert await store.purge_buried(T0 + H, topic="mail.a") == 1
-    assert await store.purge_buried(T0 + H) == 1
+    assert await store.purge_buried(H, topic="mail.a", now=T0 + 2 * H) == 1
+    assert await store.purge_buried(H, now=T0 + 2 * H) == 1
 
     left = {s.message.id for s in await store.list_buried()}
     assert left == {recent.id}
@@ -121,4 +138,4 @@ async def test_topic_stats_count_backlog_per_topic(store: Store[Any]) -> None:
     assert (stats["mail.a"].pending, stats["mail.a"].buried) == (1, 1)
     assert (stats["mail.b"].pending, stats["mail.b"].buried) == (1, 0)
     assert stats["mail.a"].oldest_pending == T0
-    assert await store.requeue(T0, ids=[uuid.uuid4()]) == []
+    assert await store.requeue(ids=[uuid.uuid4()], now=T0) == 0

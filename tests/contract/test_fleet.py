@@ -107,11 +107,11 @@ async def test_unserved_topic_is_buried_only_after_the_grace(store: Store[Any]) 
     async with store.begin() as tx:
         await store.add(tx, stray)
 
-    assert await store.bury_unserved(GRACE, now=T0) == []  # noted
-    assert await store.bury_unserved(GRACE, now=T0 + GRACE - dt.timedelta(seconds=1)) == []
+    assert await store.bury_unserved(GRACE, now=T0) == {}  # noted
+    assert await store.bury_unserved(GRACE, now=T0 + GRACE - dt.timedelta(seconds=1)) == {}
     buried = await store.bury_unserved(GRACE, now=T0 + GRACE)
 
-    assert buried == [(stray.id, "billing.invoice")]
+    assert buried == {"billing.invoice": 1}
     state = await store.get(stray.id)
     assert state.buried_at == T0 + GRACE
     assert state.last_error == (
@@ -129,7 +129,7 @@ async def test_a_live_relay_or_a_registry_entry_keeps_a_topic_waiting(store: Sto
     for minutes in (0, 10, 20):
         now = T0 + dt.timedelta(minutes=minutes)
         await store.register_relay(relay, TTL, now=now)
-        assert await store.bury_unserved(GRACE, now=now) == []
+        assert await store.bury_unserved(GRACE, now=now) == {}
 
 
 async def test_a_topic_served_again_starts_its_grace_afresh(store: Store[Any]) -> None:
@@ -142,11 +142,38 @@ async def test_a_topic_served_again_starts_its_grace_afresh(store: Store[Any]) -
     await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=5))  # served: forgotten
     await store.unregister_relay(relay.id)
 
-    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=6)) == []
-    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=15)) == []
-    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=16)) == [
-        (m.id, "orders.placed")
-    ]
+    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=6)) == {}
+    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=15)) == {}
+    assert await store.bury_unserved(GRACE, now=T0 + dt.timedelta(minutes=16)) == {
+        "orders.placed": 1
+    }
+
+
+async def test_the_sweep_buries_in_batches_within_a_budget_and_counts_by_topic(
+    store: Store[Any],
+) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, *(new_message("billing.invoice", {"n": n}, T0) for n in range(7)))
+        await store.add(tx, *(new_message("orders.plcaed", {"n": n}, T0) for n in range(3)))
+    await store.bury_unserved(GRACE, now=T0)
+    later = T0 + GRACE
+
+    first = await store.bury_unserved(GRACE, now=later, batch=2, budget=5)
+    second = await store.bury_unserved(GRACE, now=later, batch=2, budget=5)
+
+    assert first == {"billing.invoice": 5}
+    assert second == {"billing.invoice": 2, "orders.plcaed": 3}
+    assert await store.bury_unserved(GRACE, now=later, batch=2, budget=5) == {}
+    assert len(await store.list_buried(limit=100)) == 10
+
+
+async def test_a_relay_that_starts_serving_a_topic_stops_its_sweep(store: Store[Any]) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, *(new_message("orders.placed", {"n": n}, T0) for n in range(4)))
+    await store.bury_unserved(GRACE, now=T0)
+    await store.register_relay(info(("orders.placed",)), TTL, now=T0 + GRACE)
+
+    assert await store.bury_unserved(GRACE, now=T0 + GRACE, batch=2) == {}
 
 
 # -- relays with different handlers (rolling deploys) -------------------------

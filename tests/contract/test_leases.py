@@ -109,7 +109,7 @@ async def test_requeue_ends_every_earlier_lease(store: Store[Any]) -> None:
     await add(store, msg())
     [m] = await store.claim(T0, LEASE, 10)
     assert await store.bury_many([(m, "permanent: 550")], now=T0) == {m.id}
-    await store.requeue(T0 + SECOND)
+    await store.requeue(now=T0 + SECOND)
 
     assert await store.retry_many([(m, SECOND, "late")], now=T0 + SECOND) == set()
     assert (await store.get(m.id)).buried_at is None

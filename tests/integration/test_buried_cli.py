@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from tests.integration.process import run_outbox
+from tests.integration.process import query, run_outbox
+from tests.tools import require_library
 
 NOW = dt.datetime.now(dt.UTC)
 CODE = "918273"
@@ -172,7 +173,7 @@ def test_requeue_by_topic_and_all(buried: Buried) -> None:
 def test_purge_deletes_by_age(buried: Buried) -> None:
     code, dry, _ = buried.run("purge", "--older-than", "1d", "--dry-run")
     assert code == 0
-    assert dry.startswith("would delete 1 buried messages")
+    assert dry == "would delete 1 messages buried more than 24h ago\n"
     assert buried.count() == 4
 
     code, out, _ = buried.run("purge", "--older-than", "1h", "--topic", "webhook.order", "--yes")
@@ -215,3 +216,52 @@ def test_operator_commands_without_a_database_url_refuse_to_guess(
         "under OUTBOX_DATA_DIR)"
     ]
     assert not (tmp_path / "data").exists(), "an empty database was started"
+
+
+def test_operator_commands_go_by_the_databases_clock_not_their_own(buried: Buried) -> None:
+    library = require_library("/usr/lib/*/faketime/libfaketime.so.1", "faketime")
+    ahead = {"LD_PRELOAD": library, "FAKETIME": "+2d", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+    def run(*args: str) -> tuple[int, str]:
+        result = run_outbox("buried", *args, OUTBOX_DATABASE_URL=buried.conninfo, **ahead)
+        return result.returncode, result.stdout
+
+    # Buried 10 days, 2 hours and 5 minutes ago: at +2d, 7d would wrongly reach none more.
+    assert run("purge", "--older-than", "9d", "--dry-run") == (
+        0,
+        "would delete 1 messages buried more than 216h ago\n",
+    )
+    assert run("purge", "--older-than", "11d", "--dry-run")[1].startswith("would delete 0")
+    listed = json.loads(run("list", "--since", "1h", "--output", "json")[1])
+    assert [m["id"] for m in listed] == [str(buried.recent.id)]
+    assert run("requeue", str(buried.recent.id)) == (0, "requeued 1 messages\n")
+    [(due_in,)] = query(
+        buried.conninfo,
+        f"SELECT due_at - now() FROM outbox_messages WHERE id = '{buried.recent.id}'",
+    )
+    assert abs(due_in) < dt.timedelta(seconds=30)  # type: ignore[operator]
+
+
+def test_list_reads_sizes_not_payloads(buried: Buried) -> None:
+    code, out, _ = buried.run("list", "--output", "json")
+
+    assert code == 0
+    sizes = {m["id"]: m["bytes"] for m in json.loads(out)}
+    assert sizes[str(buried.old.id)] == len(buried.old.payload)
+    assert CODE not in out
+
+
+def test_show_prints_a_payload_nested_too_deep_to_parse(buried: Buried) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    query(
+        buried.conninfo,
+        f"UPDATE outbox_messages SET payload = '{deep}' WHERE id = '{buried.other.id}'",
+    )
+
+    result = run_outbox(
+        "buried", "show", str(buried.other.id), "--payload", OUTBOX_DATABASE_URL=buried.conninfo
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert deep in result.stdout

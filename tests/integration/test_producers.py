@@ -128,12 +128,19 @@ def _sa_url(db: str, driver: str) -> tuple[str, dict[str, Any]]:
     from sqlalchemy.engine import URL
 
     parts = conninfo_to_dict(db)
+    host = parts.get("host")
+    # A socket directory (the embedded server's) goes in the query: as the
+    # URL's host, SQLAlchemy would read the path as the database name.
+    socket_dir = host if host and host.startswith("/") else None
     url = URL.create(
         f"postgresql+{driver}",
         username=parts.get("user"),
-        host=parts.get("host"),
-        port=int(parts["port"]) if parts.get("port") else None,
+        host=None if socket_dir else host,
+        port=int(parts["port"]) if parts.get("port") and not socket_dir else None,
         database=parts.get("dbname"),
+        query={"host": socket_dir, **({"port": parts["port"]} if parts.get("port") else {})}
+        if socket_dir
+        else {},
     )
     options = parts.get("options") or ""
     schema = options.split("search_path=")[1].split()[0] if "search_path=" in options else None
@@ -317,3 +324,36 @@ def test_many_messages_are_one_statement(db: str) -> None:
         assert Counting.sent == 1
     with psycopg.connect(db) as c:
         assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (200,)
+
+
+def test_every_producer_path_refuses_a_payload_over_the_limit(
+    db: str, monkeypatch: pytest.MonkeyPatch, django_db: Callable[[], Any]
+) -> None:
+    from django.db import transaction as django_transaction
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from outbox.django import add as django_add
+    from outbox.sqlalchemy import add as sa_add
+
+    big = new_message("files.uploaded", {"blob": "x" * 100_000})
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "64KiB")
+
+    async def add_async() -> None:
+        async with await psycopg.AsyncConnection.connect(db) as conn:
+            with pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD allows 65536"):
+                await add(conn, big)
+
+    anyio.run(add_async)
+    with psycopg.connect(db) as sync, pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD"):
+        add_sync(sync, big)
+    url, args = _sa_url(db, "psycopg")
+    engine = create_engine(url, connect_args=args)
+    with Session(engine) as session, pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD"):
+        sa_add(session, big)
+    engine.dispose()
+    django_db()
+    with django_transaction.atomic(), pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD"):
+        django_add(big)
+
+    assert stored(db) == (set(), set())

@@ -178,3 +178,30 @@ def test_a_payload_that_does_not_fit_is_a_permanent_error(payload: object, model
     ):
         m.decode(model)
     assert issubclass(PayloadMismatch, Permanent)
+
+
+def test_a_payload_over_the_limit_is_refused_on_add(monkeypatch: pytest.MonkeyPatch) -> None:
+    from outbox import ConfigError
+    from outbox.message import MAX_PAYLOAD, check_message
+
+    big = {"blob": "x" * MAX_PAYLOAD}
+    with pytest.raises(EncodeError, match="OUTBOX_MAX_PAYLOAD allows 1048576"):
+        new_message("files.uploaded", big)
+
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "4MiB")
+    m = new_message("files.uploaded", big)
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "64KiB")
+    with pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD allows 65536"):
+        check_message(m)
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "lots")
+    with pytest.raises(ConfigError, match="OUTBOX_MAX_PAYLOAD"):
+        new_message("files.uploaded", {})
+
+
+def test_a_hand_built_message_nested_too_deep_is_a_value_error() -> None:
+    from outbox.message import check_message
+
+    m = new_message("orders.placed", {})
+    deep = dataclasses.replace(m, payload=b"[" * 5000 + b"]" * 5000)
+    with pytest.raises(ValueError, match="payload of"):
+        check_message(deep)

@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Any, LiteralString
 
 import anyio
 import psycopg
@@ -24,6 +24,8 @@ from outbox.message import Message, validate_topic
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
+    SWEEP_BATCH,
+    SWEEP_BUDGET,
     Claimed,
     RelayInfo,
     StoredMessage,
@@ -60,6 +62,8 @@ _RELAY_LIST = QUERIES["relay_list"]
 _RELAY_FORGET_DEAD = QUERIES["relay_forget_dead"]
 _TRY_LOCK = QUERIES["try_lock"]
 _UNSERVED_BURY = QUERIES["unserved_bury"]
+_UNSERVED_NOTE = QUERIES["unserved_note"]
+_BURIED_COUNT = QUERIES["buried_count"]
 
 # One sweeper at a time across every relay sharing the database.
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
@@ -276,19 +280,41 @@ class PostgresStore:
         ]
 
     async def bury_unserved(
-        self, grace: dt.timedelta, *, now: dt.datetime | None = None
-    ) -> list[tuple[uuid.UUID, str]]:
+        self,
+        grace: dt.timedelta,
+        *,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+        budget: int = SWEEP_BUDGET,
+    ) -> dict[str, int]:
         why = f" (no live relay served it for {format_duration(grace)})"
-        params = {"now": now, "grace": grace, "why": why}
-        async with self._translated(), self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(_TRY_LOCK, {"key": _SWEEP_LOCK_KEY})
-            row = await cur.fetchone()
-            if not row or not row[0]:
-                return []
-            await conn.execute(_RELAY_FORGET_DEAD, {"now": now})
-            cur = await conn.execute(_UNSERVED_BURY, params)
-            rows = await cur.fetchall()
-        return [(r[0], r[1]) for r in rows]
+        async with self._translated(), self.pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(_TRY_LOCK, {"key": _SWEEP_LOCK_KEY})
+                row = await cur.fetchone()
+                if not row or not row[0]:
+                    return {}
+                await conn.execute(_RELAY_FORGET_DEAD, {"now": now})
+                cur = await conn.execute(_UNSERVED_NOTE, {"now": now, "grace": grace})
+                expired = [r[0] for r in await cur.fetchall()]
+            # Each batch commits on its own: a relay killed mid-sweep keeps what
+            # it buried, and no statement holds more than ``batch`` row locks.
+            buried: dict[str, int] = {}
+            left = budget
+            for topic in expired:
+                params = {"now": now, "grace": grace, "why": why, "topic": topic}
+                while left > 0:
+                    async with conn.transaction():
+                        cur = await conn.execute(
+                            _UNSERVED_BURY, {**params, "limit": min(batch, left)}
+                        )
+                    count = cur.rowcount
+                    left -= count
+                    if count:
+                        buried[topic] = buried.get(topic, 0) + count
+                    if count < batch:
+                        break
+        return buried
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         rows = await self._fetch(_GET, {"id": message_id})
@@ -300,40 +326,55 @@ class PostgresStore:
         self,
         *,
         topic: str | None = None,
-        since: dt.datetime | None = None,
+        within: dt.timedelta | None = None,
         limit: int = 100,
+        now: dt.datetime | None = None,
     ) -> list[StoredMessage]:
-        params = {"topic": topic, "since": since, "limit": limit}
+        params = {"topic": topic, "within": within, "limit": limit, "now": now}
         return [_stored(r) for r in await self._fetch(_BURIED_LIST, params)]
 
     async def requeue(
         self,
-        now: dt.datetime,
         *,
         ids: Sequence[uuid.UUID] | None = None,
         topic: str | None = None,
         dry_run: bool = False,
-    ) -> list[uuid.UUID]:
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
         params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
-        # A dry run is the same statement, rolled back: it cannot disagree.
-        async with (
-            self._translated(),
-            self.pool.connection() as conn,
-            conn.transaction(force_rollback=dry_run),
-        ):
-            cur = await conn.execute(_BURIED_REQUEUE, params)
-            return [r[0] for r in await cur.fetchall()]
+        if dry_run:
+            return await self._buried_count({**params, "older_than": None})
+        return await self._in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
 
     async def purge_buried(
-        self, before: dt.datetime, *, topic: str | None = None, dry_run: bool = False
+        self,
+        older_than: dt.timedelta,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
     ) -> int:
-        async with (
-            self._translated(),
-            self.pool.connection() as conn,
-            conn.transaction(force_rollback=dry_run),
-        ):
-            cur = await conn.execute(_BURIED_PURGE, {"before": before, "topic": topic})
-            return cur.rowcount
+        params = {"now": now, "older_than": older_than, "topic": topic}
+        if dry_run:
+            return await self._buried_count({**params, "ids": None})
+        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch})
+
+    async def _buried_count(self, params: dict[str, Any]) -> int:
+        [(n,)] = await self._fetch(_BURIED_COUNT, params)
+        return int(n)
+
+    async def _in_batches(self, query: LiteralString, params: dict[str, Any]) -> int:
+        """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch."""
+        done = 0
+        async with self._translated(), self.pool.connection() as conn:
+            while True:
+                async with conn.transaction():
+                    cur = await conn.execute(query, params)
+                done += cur.rowcount
+                if cur.rowcount < params["limit"]:
+                    return done
 
     async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
         if max_age is None:
@@ -397,6 +438,7 @@ def _stored(r: Any) -> StoredMessage:
         buried_at=r[8],
         requeues=r[9],
         requeued_at=r[10],
+        size=r[11] if len(r) > 11 else None,
     )
 
 

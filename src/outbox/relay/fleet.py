@@ -101,21 +101,25 @@ class Fleet:
             )
 
     async def sweep(self) -> int:
-        """Bury due messages of topics nobody has served for the grace; return how many."""
+        """Bury due messages of topics nobody has served for the grace; return how many.
+
+        One log line per topic, with its count: a typo'd topic of a million
+        messages is one line, not a million.
+        """
         now = self.clock() if self.clock else None
         buried = await self.store.bury_unserved(self.config.unserved_grace, now=now)
         grace = format_duration(self.config.unserved_grace)
-        for message_id, topic in buried:
-            self.metrics.topic(topic).buried.inc()
+        for topic, count in buried.items():
+            self.metrics.topic(topic).buried.inc(count)
             log.error(
-                "message buried: message=%s topic=%s reason=no handler for topic %s "
+                "messages buried: topic=%s count=%d reason=no handler for topic %s "
                 "(no live relay served it for %s)",
-                message_id,
                 topic,
+                count,
                 topic,
                 grace,
             )
-        return len(buried)
+        return sum(buried.values())
 
     async def leave(self) -> None:
         """Remove this relay's row (a clean exit)."""

@@ -65,9 +65,13 @@ def as_json(s: StoredMessage, *, payload: bool = False) -> dict[str, Any]:
         "last_error": s.last_error,
         "requeues": s.requeues,
         "requeued_at": _iso(s.requeued_at),
+        "bytes": len(s.message.payload) if s.size is None else s.size,
     }
     if payload:
-        out["payload"] = s.message.json()
+        try:
+            out["payload"] = s.message.json()
+        except RecursionError:  # nested too deep to parse: the text as stored
+            out["payload"] = s.message.payload.decode("utf-8", "replace")
     return out
 
 
@@ -83,12 +87,12 @@ async def list_buried(
     store: Store[Any],
     *,
     topic: str | None,
-    since: dt.datetime | None,
+    within: dt.timedelta | None,
     limit: int,
     output: str,
     out: TextIO = sys.stdout,
 ) -> None:
-    found = await store.list_buried(topic=topic, since=since, limit=limit)
+    found = await store.list_buried(topic=topic, within=within, limit=limit)
     if output == "json":
         json.dump([as_json(s) for s in found], out, indent=2)
         out.write("\n")
@@ -139,10 +143,18 @@ async def show(
     for name, value in fields:
         out.write(f"{name + ':':<14}{value}\n")
     if payload:
-        pretty = json.dumps(s.message.json(), indent=2, ensure_ascii=False)
+        pretty = _pretty(s.message.payload)
         out.write("payload:\n" + "".join(f"  {line}\n" for line in pretty.splitlines()))
     else:
         out.write(f"{'payload:':<14}hidden ({len(s.message.payload)} bytes; --payload shows it)\n")
+
+
+def _pretty(payload: bytes) -> str:
+    """The payload indented, or as stored when it nests too deep to parse."""
+    try:
+        return json.dumps(json.loads(payload), indent=2, ensure_ascii=False)
+    except RecursionError:
+        return payload.decode("utf-8", "replace")
 
 
 def confirm(question: str, *, yes: bool, ask: Callable[[str], str] | None = None) -> None:
@@ -159,7 +171,6 @@ def confirm(question: str, *, yes: bool, ask: Callable[[str], str] | None = None
 
 async def requeue(
     store: Store[Any],
-    now: dt.datetime,
     *,
     ids: Sequence[uuid.UUID] | None,
     topic: str | None,
@@ -168,7 +179,10 @@ async def requeue(
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
-    """Requeue what the selection names; return how many were (or would be) requeued."""
+    """Requeue what the selection names; return how many were (or would be) requeued.
+
+    Requeued messages are due at the database's time, not this machine's.
+    """
     if ids is not None:
         states = {}
         for i in ids:
@@ -181,31 +195,32 @@ async def requeue(
             out.write("requeued 0 messages\n")
             return 0
     elif not dry_run and topic is None:
-        count = len(await store.requeue(now, dry_run=True))
+        count = await store.requeue(dry_run=True)
         confirm(f"Requeue all {count} buried messages?", yes=yes)
-    done = await store.requeue(now, ids=ids, topic=topic, dry_run=dry_run)
+    done = await store.requeue(ids=ids, topic=topic, dry_run=dry_run)
     verb = "would requeue" if dry_run else "requeued"
-    out.write(f"{verb} {len(done)} messages\n")
-    return len(done)
+    out.write(f"{verb} {done} messages\n")
+    return done
 
 
 async def purge(
     store: Store[Any],
-    before: dt.datetime,
+    older_than: dt.timedelta,
     *,
     topic: str | None,
     dry_run: bool,
     yes: bool,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Delete buried messages buried before ``before``; return how many."""
-    count = await store.purge_buried(before, topic=topic, dry_run=True)
+    """Delete messages buried longer than ``older_than`` ago (the database's time)."""
+    age = format_duration(older_than)
+    count = await store.purge_buried(older_than, topic=topic, dry_run=True)
     if dry_run:
-        out.write(f"would delete {count} buried messages buried before {_when(before)}\n")
+        out.write(f"would delete {count} messages buried more than {age} ago\n")
         return count
     if count:
-        confirm(f"Delete {count} buried messages buried before {_when(before)}?", yes=yes)
-    done = await store.purge_buried(before, topic=topic)
+        confirm(f"Delete {count} messages buried more than {age} ago?", yes=yes)
+    done = await store.purge_buried(older_than, topic=topic)
     out.write(f"deleted {done} buried messages\n")
     return done
 

@@ -66,6 +66,14 @@ class ServiceSettings(BaseSettings):
     pool_size: int = Field(
         default=4, ge=1, le=200, description="Most database connections one process opens."
     )
+    max_payload: str = Field(
+        default="1MiB",
+        pattern=r"^\d+\s*(|b|B|KiB|kib|MiB|mib)$",
+        description=(
+            "Largest payload (bytes of JSON, or KiB/MiB) a producer may add; every "
+            "producer path refuses a larger one. Read by producers from their own environment."
+        ),
+    )
     http_host: str = Field(
         default="0.0.0.0", description="Address /metrics, /healthz and /readyz listen on."
     )

@@ -238,39 +238,72 @@ FROM outbox_messages
 WHERE id = %(id)s;
 
 -- buried_list --
--- Buried messages, newest first, optionally of one topic and buried since a time.
-SELECT id, topic, payload::text, created_at, attempts,
-       due_at, leased_until, last_error, buried_at, requeues, requeued_at
+-- Buried messages, newest first, optionally of one topic and buried within
+-- %(within)s of the database's time. Payloads stay in the table: only their
+-- size is read, so listing large buried messages costs what their ids cost.
+SELECT id, topic, '' AS payload, created_at, attempts,
+       due_at, leased_until, last_error, buried_at, requeues, requeued_at,
+       octet_length(payload::text) AS size
 FROM outbox_messages
 WHERE buried_at IS NOT NULL
   AND (%(topic)s::text IS NULL OR topic = %(topic)s)
-  AND (%(since)s::timestamptz IS NULL OR buried_at >= %(since)s)
+  AND (%(within)s::interval IS NULL
+       OR buried_at >= coalesce(%(now)s::timestamptz, now()) - %(within)s::interval)
 ORDER BY buried_at DESC, id DESC
 LIMIT %(limit)s;
 
+-- buried_count --
+-- How many buried messages a requeue or purge of the same selection would touch.
+SELECT count(*)
+FROM outbox_messages
+WHERE buried_at IS NOT NULL
+  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(older_than)s::interval IS NULL
+       OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval);
+
 -- buried_requeue --
--- Make buried messages due at %(now)s with attempts reset; keep the last error.
--- Only buried rows match, so running it twice changes nothing the second time.
-UPDATE outbox_messages
+-- Make at most %(limit)s buried messages due now (the database's time) with
+-- attempts reset; keep the last error. Only buried rows match, so a batch
+-- never matches what an earlier one requeued, and running it twice changes
+-- nothing the second time. The caller repeats it, a commit a batch.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+batch AS (
+    SELECT id
+    FROM outbox_messages
+    WHERE buried_at IS NOT NULL
+      AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
+      AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_messages AS m
 SET buried_at = NULL,
-    due_at = %(now)s,
+    due_at = clock.now,
     attempts = 0,
     leased_until = NULL,
     lease_token = NULL,
     lease_solo = false,
     requeues = requeues + 1,
-    requeued_at = %(now)s
-WHERE buried_at IS NOT NULL
-  AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
-  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
-RETURNING id;
+    requeued_at = clock.now
+FROM batch AS b, clock
+WHERE m.id = b.id;
 
 -- buried_purge --
--- Delete buried messages buried before %(before)s.
+-- Delete at most %(limit)s messages buried longer than %(older_than)s ago
+-- (by the database's time); the caller repeats it, a commit a batch.
 DELETE FROM outbox_messages
-WHERE buried_at IS NOT NULL
-  AND buried_at < %(before)s
-  AND (%(topic)s::text IS NULL OR topic = %(topic)s);
+WHERE id IN (
+    SELECT id
+    FROM outbox_messages
+    WHERE buried_at IS NOT NULL
+      AND buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+      AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+);
 
 -- backlog_read --
 -- The last backlog measurement, and whether it was taken within %(max_age)s
@@ -406,14 +439,11 @@ WHERE expires_at < coalesce(%(now)s::timestamptz, now()) - interval '1 hour';
 -- the backlog measurement); the others skip that round.
 SELECT pg_try_advisory_xact_lock(%(key)s);
 
--- unserved_bury --
+-- unserved_note --
 -- Note the topics with due messages that no live relay serves and no registry
--- entry governs; bury the due messages of those unserved for %(grace)s.
---
--- Every part sees the same snapshot: a topic noted now is buried at the
--- earliest by a later sweep. A message a relay claims meanwhile is leased
--- (its leased_until in the future), so the UPDATE, which waits for the
--- claim's row lock and re-checks, leaves it alone.
+-- entry governs (forget those served again); return the noted topics unserved
+-- for %(grace)s. Reads each waiting topic once (a DISTINCT over the due
+-- messages), never a row per message.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -442,18 +472,45 @@ noted AS (
 served_again AS (
     DELETE FROM outbox_unserved AS o
     WHERE NOT EXISTS (SELECT 1 FROM unserved AS u WHERE u.topic = o.topic)
+)
+SELECT o.topic
+FROM outbox_unserved AS o
+JOIN unserved AS u ON u.topic = o.topic, clock
+WHERE o.since <= clock.now - %(grace)s
+ORDER BY o.topic;
+
+-- unserved_bury --
+-- Bury at most %(limit)s due messages of %(topic)s, if it is still unserved
+-- for %(grace)s: no live relay serves it and no registry entry governs it
+-- (checked again in each batch, so a relay that starts serving it meanwhile
+-- stops the burial). A message a relay claims meanwhile is leased or locked;
+-- SKIP LOCKED and the re-check leave it alone. Returns nothing: the caller
+-- counts rows, so a million buried messages never cross the wire.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
-expired AS (
-    SELECT o.topic
-    FROM outbox_unserved AS o
-    JOIN unserved AS u ON u.topic = o.topic, clock
-    WHERE o.since <= clock.now - %(grace)s
+still AS (
+    SELECT 1
+    FROM outbox_unserved AS o, clock
+    WHERE o.topic = %(topic)s AND o.since <= clock.now - %(grace)s
+      AND NOT EXISTS (SELECT 1 FROM outbox_topics AS t WHERE t.topic = %(topic)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_relays AS r
+          WHERE r.expires_at > clock.now AND %(topic)s = ANY(r.topics)
+      )
+),
+batch AS (
+    SELECT m.id
+    FROM outbox_messages AS m, clock
+    WHERE EXISTS (SELECT 1 FROM still)
+      AND m.topic = %(topic)s AND m.buried_at IS NULL AND m.due_at <= clock.now
+      AND (m.leased_until IS NULL OR m.leased_until <= clock.now)
+    LIMIT %(limit)s
+    FOR UPDATE OF m SKIP LOCKED
 )
 UPDATE outbox_messages AS m
 SET buried_at = clock.now,
     leased_until = NULL,
     last_error = 'no handler for topic ' || m.topic || %(why)s
-FROM expired AS e, clock
-WHERE m.topic = e.topic AND m.buried_at IS NULL AND m.due_at <= clock.now
-  AND (m.leased_until IS NULL OR m.leased_until <= clock.now)
-RETURNING m.id, m.topic;
+FROM batch AS b, clock
+WHERE m.id = b.id;

@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from outbox.errors import ConfigError
-from outbox.relay import system_clock
 from outbox.service import admin
 from outbox.service.cli.common import (
     DATABASE,
@@ -75,10 +74,9 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 
 def _buried_list(args: argparse.Namespace) -> int:
-    since = None if args.since is None else system_clock() - args.since
     return with_store(
         lambda store: admin.list_buried(
-            store, topic=args.topic, since=since, limit=args.limit, output=args.output
+            store, topic=args.topic, within=args.since, limit=args.limit, output=args.output
         ),
         args,
     )
@@ -97,7 +95,6 @@ def _buried_requeue(args: argparse.Namespace) -> int:
     return with_store(
         lambda store: admin.requeue(
             store,
-            system_clock(),
             ids=args.ids or None,
             topic=args.topic,
             dry_run=args.dry_run,
@@ -108,10 +105,9 @@ def _buried_requeue(args: argparse.Namespace) -> int:
 
 
 def _buried_purge(args: argparse.Namespace) -> int:
-    before = system_clock() - args.older_than
     return with_store(
         lambda store: admin.purge(
-            store, before, topic=args.topic, dry_run=args.dry_run, yes=args.yes
+            store, args.older_than, topic=args.topic, dry_run=args.dry_run, yes=args.yes
         ),
         args,
     )

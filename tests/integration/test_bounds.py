@@ -1,0 +1,59 @@
+"""What producers write cannot exhaust a relay: real processes, watched for memory.
+
+A relay runs under the chart's memory limit; these tests watch its peak RSS
+(VmHWM) while it works through what a careless producer left behind.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from tests.integration.process import RelayProcess, count, query, wait_until
+
+CHART_LIMIT_MIB = 256
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_typo_of_200k_messages_is_buried_in_batches_in_bounded_memory(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    query(
+        db,
+        "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
+        " SELECT gen_random_uuid(), CASE WHEN n % 4 = 0 THEN 'orders.plcaed' ELSE"
+        " 'billing.invoce' END, '{\"code\": \"493817\"}', now(), now()"
+        " FROM generate_series(1, 200000) AS n",
+    )
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_UNSERVED_GRACE="1s",
+        OUTBOX_LOG_TOPICS="orders.placed",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+
+    wait_until(
+        "every message buried",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NULL") == 0,
+        timeout=120,
+    )
+
+    assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2
+    lines = [r for r in relay.log_records() if "buried" in r["message"]]
+    assert 2 <= len(lines) <= 4, lines  # one a topic and sweep, never one a message
+    assert {r["message"].split()[2] for r in lines} == {
+        "topic=billing.invoce",
+        "topic=orders.plcaed",
+    }
+    assert "493817" not in relay.log
+    relay.signal(signal.SIGTERM)
+    assert relay.wait(15) == 0
