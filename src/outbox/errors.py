@@ -138,3 +138,18 @@ class StoreUnavailable(OutboxError):
 
     Transient by nature: the relay logs it and tries again with a capped backoff.
     """
+
+
+class MigrationBlocked(OutboxError):
+    """A migration could not take its lock in time; nothing of it was applied.
+
+    ``blockers`` describes the sessions that held it (pid, state, age).
+    """
+
+    def __init__(self, what: str, waited: float, blockers: str) -> None:
+        super().__init__(
+            f"{what}: gave up after {waited:.0f}s waiting for a lock"
+            + (f" held by {blockers}" if blockers else "")
+            + "; end that session (or wait for it) and run migrate again"
+        )
+        self.blockers = blockers

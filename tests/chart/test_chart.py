@@ -203,7 +203,8 @@ def test_defaults_install_what_production_needs() -> None:
     )
     [job] = by_kind(docs, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate", "--wait", "60s"]
+    assert job["spec"]["activeDeadlineSeconds"] == 600
     relay = next(
         d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "outbox-outbox-relay"
     )

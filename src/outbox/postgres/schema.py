@@ -1,26 +1,46 @@
-"""Create or upgrade the outbox schema.
+"""Create or upgrade the outbox schema while producers keep writing.
 
 Migrations are numbered SQL files applied in order, each in its own
-transaction together with its row in outbox_schema_migrations. A session
-advisory lock serialises concurrent runs (several pods starting at once): the
-second waits, then finds nothing left to do.
+transaction together with its row in outbox_schema_migrations; a file that
+starts with ``-- outbox: no transaction`` (index builds, which run
+CONCURRENTLY) runs statement by statement instead, then is recorded.
+
+Producers insert inside their own transactions, so a migration must never
+queue for a lock with no end: every statement runs under a short
+``lock_timeout`` (a producer waits at most that long behind it), and one that
+times out is rolled back and tried again after a backoff, until ``wait`` is
+spent; then migrate fails in one line naming the sessions in the way. A
+session advisory lock serialises concurrent runs (several pods starting at
+once), taken with the same bound: the second waits, then finds nothing to do.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import time
 from typing import Any, LiteralString
 
+import anyio
 import psycopg
+import psycopg.errors
+from psycopg import sql as pgsql
 
+from outbox.errors import MigrationBlocked
 from outbox.postgres.queries import migrations
 
-__all__ = ["migrate", "migrations_sql", "pending"]
+__all__ = ["LOCK_TIMEOUT", "MIGRATE_WAIT", "migrate", "migrations_sql", "pending", "statements"]
 
 log = logging.getLogger("outbox.postgres")
 
 # Any constant works as long as every outbox migrator uses the same one.
 _LOCK_KEY = 0x6F7574626F78  # "outbox"
+LOCK_TIMEOUT = 0.8
+"""Seconds one statement may wait for a lock (and producers behind it)."""
+MIGRATE_WAIT = 60.0
+"""Seconds one run keeps retrying a lock before it gives up."""
+_NO_TRANSACTION = "-- outbox: no transaction"
+_COMMENT_LINE = re.compile(r"^\s*--.*$", re.MULTILINE)
 
 
 BOOKKEEPING: LiteralString = """
@@ -30,31 +50,155 @@ CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
+_RECORD: LiteralString = (
+    "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s) "
+    "ON CONFLICT (version) DO NOTHING"
+)
+# Sessions holding or waiting for locks on the outbox's tables, or the
+# migration lock, other than this one: who a timed-out statement waited for.
+_BLOCKERS: LiteralString = r"""
+SELECT DISTINCT a.pid, coalesce(a.state, '?'),
+       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::int
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+LEFT JOIN pg_class AS c ON c.oid = l.relation
+WHERE l.pid <> pg_backend_pid() AND l.granted
+  AND (c.relname LIKE 'outbox\_%%' OR (l.locktype = 'advisory'
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = %s::bigint))
+ORDER BY 1
+LIMIT 5
+"""
+# A concurrent index build that failed leaves an INVALID index behind, which
+# CREATE INDEX ... IF NOT EXISTS would then keep: drop those first.
+_INVALID_INDEXES: LiteralString = """
+SELECT c.relname
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE NOT i.indisvalid AND c.relname = ANY(%s)
+  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+"""
+_INDEX_NAME = re.compile(r"INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 
 
-async def migrate(conninfo: str) -> list[int]:
-    """Apply the migrations ``conninfo``'s database lacks; return the versions applied."""
+def transactional(sql: str) -> bool:
+    """Whether a shipped migration runs in one transaction (most) or statement by statement."""
+    return not sql.lstrip().startswith(_NO_TRANSACTION)
+
+
+def statements(sql: str) -> list[str]:
+    """The statements of a migration file (no comments; split at ``;`` line ends)."""
+    body = _COMMENT_LINE.sub("", sql)
+    return [part.strip() for part in re.split(r";\s*$", body, flags=re.M) if part.strip()]
+
+
+async def migrate(
+    conninfo: str, *, wait: float = MIGRATE_WAIT, lock_timeout: float = LOCK_TIMEOUT
+) -> list[int]:
+    """Apply the migrations ``conninfo``'s database lacks; return the versions applied.
+
+    Raises MigrationBlocked when a lock stays out of reach for ``wait`` seconds.
+    """
     applied: list[int] = []
     async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-        await conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        await conn.execute(
+            "SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout * 1000)}ms",)
+        )
+        await _lock(conn, wait)
         try:
-            await conn.execute(BOOKKEEPING)
+            await _retrying(conn, "outbox_schema_migrations", wait, [BOOKKEEPING], None)
             cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
             done = {row[0] for row in await cur.fetchall()}
             for version, name, sql in migrations():
                 if version in done:
                     continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute(
-                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s)",
-                        (version, name),
-                    )
+                what = f"migration {version:04d}_{name}"
+                record = (version, name)
+                if transactional(sql):
+                    await _retrying(conn, what, wait, [sql], record)
+                else:
+                    for statement in statements(sql):
+                        await _drop_invalid(conn, statement)
+                        await _retrying(conn, what, wait, [statement], None)
+                    await conn.execute(_RECORD, record)
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
+
+
+async def _lock(conn: psycopg.AsyncConnection[Any], wait: float) -> None:
+    """Take the migration lock within ``wait`` seconds, saying once that it waits."""
+    started = time.monotonic()
+    told = False
+    while True:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
+        row = await cur.fetchone()
+        if row and row[0]:
+            return
+        waited = time.monotonic() - started
+        if waited >= wait:
+            raise MigrationBlocked("the migration lock", waited, await _blockers(conn))
+        if not told:
+            told = True
+            log.warning(
+                "another outbox migrate holds the migration lock; waiting up to %.0fs", wait
+            )
+        await anyio.sleep(min(0.5, wait - waited))
+
+
+async def _retrying(
+    conn: psycopg.AsyncConnection[Any],
+    what: str,
+    wait: float,
+    sqls: list[str],
+    record: tuple[int, str] | None,
+) -> None:
+    """Run ``sqls`` (and the bookkeeping row) in one transaction, retrying lock timeouts."""
+    started = time.monotonic()
+    delay = 0.25
+    while True:
+        try:
+            async with conn.transaction() if record is not None or len(sqls) > 1 else _none():
+                for sql in sqls:
+                    await conn.execute(sql.encode())
+                if record is not None:
+                    await conn.execute(_RECORD, record)
+            return
+        except psycopg.errors.LockNotAvailable:
+            waited = time.monotonic() - started
+            blockers = await _blockers(conn)
+            if waited + delay >= wait:
+                raise MigrationBlocked(what, waited, blockers) from None
+            log.warning(
+                "%s: a lock is held by %s; trying again in %.1fs", what, blockers or "?", delay
+            )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class _none:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def _blockers(conn: psycopg.AsyncConnection[Any]) -> str:
+    cur = await conn.execute(_BLOCKERS, (_LOCK_KEY,))
+    rows = await cur.fetchall()
+    return ", ".join(f"pid {pid} ({state}, {age}s)" for pid, state, age in rows)
+
+
+async def _drop_invalid(conn: psycopg.AsyncConnection[Any], statement: str) -> None:
+    names = _INDEX_NAME.findall(statement)
+    if not names or statement.lstrip().upper().startswith("DROP"):
+        return
+    cur = await conn.execute(_INVALID_INDEXES, (names,))
+    for (name,) in await cur.fetchall():
+        log.warning("dropping the invalid index %s a failed build left behind", name)
+        drop = pgsql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(pgsql.Identifier(name))
+        await conn.execute(drop)
 
 
 async def pending(conn: psycopg.AsyncConnection[Any]) -> list[int]:
@@ -74,18 +218,23 @@ def migrations_sql() -> str:
     Each statement is idempotent (IF NOT EXISTS), so the script can be applied
     to a database that already has some of it; the bookkeeping table
     ``outbox_schema_migrations`` is filled in too, so `outbox migrate` and the
-    relays' start-up check agree with what was applied.
+    relays' start-up check agree with what was applied. Each migration is a
+    transaction of its own, but for index builds, which run CONCURRENTLY and
+    so outside one; every statement waits at most a few seconds for a lock.
     """
     parts = [
         "-- The outbox schema, every migration in order. Idempotent: safe to apply twice.\n"
-        "BEGIN;\n",
+        "SET lock_timeout = '5s';\n",
         BOOKKEEPING.strip() + ";\n",
     ]
     for version, name, sql in migrations():
-        parts.append(f"\n-- {version:04d}_{name}\n{sql.strip()}\n")
-        parts.append(
+        record = (
             "INSERT INTO outbox_schema_migrations (version, name) "
             f"VALUES ({version}, '{name}') ON CONFLICT (version) DO NOTHING;\n"
         )
-    parts.append("COMMIT;\n")
+        if transactional(sql):
+            parts.append(f"\n-- {version:04d}_{name}\nBEGIN;\n{sql.strip()}\n{record}COMMIT;\n")
+        else:
+            body = "".join(f"{statement};\n" for statement in statements(sql))
+            parts.append(f"\n-- {version:04d}_{name} (outside a transaction)\n{body}{record}")
     return "".join(parts)

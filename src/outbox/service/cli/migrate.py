@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import sys
 from typing import Any
@@ -12,6 +13,7 @@ import anyio
 from outbox.service.cli.common import (
     DATABASE,
     LOGS,
+    duration,
     service_settings,
     settings_help,
 )
@@ -37,6 +39,15 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="print the DDL of every migration in order (idempotent) without connecting",
     )
+    migrate.add_argument(
+        "--wait",
+        type=duration,
+        default=dt.timedelta(seconds=60),
+        help=(
+            "how long to keep retrying a lock another session holds before giving up "
+            "(default 60s); producers wait at most 0.8s behind each try"
+        ),
+    )
     migrate.set_defaults(func=run)
 
 
@@ -52,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def run() -> list[int]:
         async with database(settings, migrate_embedded=False) as url:
-            return await migrate(url)
+            return await migrate(url, wait=args.wait.total_seconds())
 
     applied = anyio.run(run)
     log.info("schema up to date; applied %s", applied or "nothing")

@@ -1,0 +1,82 @@
+"""`outbox migrate` while producers write and another session holds the table."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import anyio
+import psycopg
+
+from outbox import new_message
+from outbox.postgres import add_sync, migrate
+from tests.integration.process import count, query, run_outbox
+
+
+def test_a_held_lock_never_stalls_producers_and_migrate_gives_up_naming_it(
+    pg_conninfo: str,
+) -> None:
+    anyio.run(migrate, pg_conninfo)
+    # Migration 3 (ADD COLUMN, an ACCESS EXCLUSIVE lock) is pending again.
+    query(pg_conninfo, "DELETE FROM outbox_schema_migrations WHERE version = 3")
+    blocker = psycopg.connect(pg_conninfo)
+    blocker.execute("SELECT 1 FROM outbox_messages LIMIT 1")  # idle in transaction now
+    [(blocker_pid,)] = blocker.execute("SELECT pg_backend_pid()").fetchall()
+    slowest = 0.0
+    stop = threading.Event()
+
+    def produce() -> None:
+        nonlocal slowest
+        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+            while not stop.is_set():
+                started = time.monotonic()
+                with conn.transaction():
+                    add_sync(conn, new_message("orders.placed", {"id": str(uuid.uuid4())}))
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.02)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        started = time.monotonic()
+        result = run_outbox("migrate", "--wait", "4s", OUTBOX_DATABASE_URL=pg_conninfo)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        producer.join(10)
+        blocker.close()
+
+    assert result.returncode == 1
+    *retries, line = result.stderr.strip().splitlines()
+    assert retries
+    assert all("a lock is held by" in r and "trying again" in r for r in retries)
+    assert line.startswith("outbox migrate: migration 0003_requeue_history: gave up after ")
+    assert f"pid {blocker_pid} (idle in transaction" in line
+    assert took < 15
+    assert slowest < 1.5, f"a producer waited {slowest:.2f}s behind migrate"
+    assert count(pg_conninfo, "SELECT count(*) FROM outbox_messages") > 20
+
+    again = run_outbox("migrate", OUTBOX_DATABASE_URL=pg_conninfo)
+    assert again.returncode == 0, again.stderr
+    assert count(pg_conninfo, "SELECT count(*) FROM outbox_schema_migrations") == 9
+
+
+def test_migrate_waits_for_another_run_only_as_long_as_told(pg_conninfo: str) -> None:
+    anyio.run(migrate, pg_conninfo)
+    holder = psycopg.connect(pg_conninfo, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (0x6F7574626F78,))
+    try:
+        result = run_outbox("migrate", "--wait", "1s", OUTBOX_DATABASE_URL=pg_conninfo)
+    finally:
+        holder.close()
+
+    assert result.returncode == 1
+    assert "another outbox migrate holds the migration lock" in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "outbox migrate: the migration lock: gave up after 1s waiting for a lock held by pid"
+        )
+    )
