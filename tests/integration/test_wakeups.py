@@ -181,6 +181,27 @@ async def test_a_busy_relay_is_not_stampeded_by_wake_ups() -> None:
     assert store.claims - before <= 4
 
 
+async def test_a_flood_of_wake_ups_costs_an_idle_relay_one_claim_a_window() -> None:
+    store = CountingStore()
+    relay = Relay(
+        store,
+        {"orders.placed": lambda m: anyio.lowlevel.checkpoint()},
+        RelayConfig.model_validate({"interval": "60s"}),
+        registry=CollectorRegistry(),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await _until("the first poll", lambda: store.claims == 1)
+        started = anyio.current_time()
+        while anyio.current_time() - started < WAKE_WINDOW * 20:
+            relay.wake({"orders.placed"})  # a NOTIFY from anyone, as fast as it comes
+            await anyio.lowlevel.checkpoint()
+        flooded = store.claims - 1
+        relay.stop()
+
+    assert 1 <= flooded <= 22
+
+
 def test_wakes_announce_a_topic_once_a_window() -> None:
     now = [0.0]
     wakes = Wakes(window=0.005, clock=lambda: now[0])

@@ -113,6 +113,8 @@ class Relay(Delivering):
         self._routes_at: dt.datetime | None = None
         self._beat_at: dt.datetime | None = None
         self._sweep_at: dt.datetime | None = None
+        self._woke_at = 0.0
+        """When (monotonic) an idle relay last claimed for a wake-up."""
 
     # -- control -----------------------------------------------------------------
 
@@ -273,13 +275,21 @@ class Relay(Delivering):
         committed within the window after its last notification sent none.
         """
         self._nap = anyio.Event()
-        if self._nudged or self._stopping:  # woken while claiming: claim again now
+        if self._stopping:
             return
-        if woken:
-            interval = min(interval, WAKE_WINDOW)
-        self._report_by = time.monotonic() + interval + slack
-        with anyio.move_on_after(interval):
-            await self._nap.wait()
+        if not self._nudged:  # woken while claiming: claim again (paced) now
+            if woken:
+                interval = min(interval, WAKE_WINDOW)
+            self._report_by = time.monotonic() + interval + slack
+            with anyio.move_on_after(interval):
+                await self._nap.wait()
+        if self._nudged and not self._stopping:
+            # Any role that can connect may NOTIFY: however many arrive, an
+            # idle relay claims for them at most once a window.
+            gap = self._woke_at + WAKE_WINDOW - time.monotonic()
+            if gap > 0:
+                await anyio.sleep(gap)
+            self._woke_at = time.monotonic()
 
     async def _feed_once(self, tg: anyio.abc.TaskGroup) -> bool:
         """One step of the feeder; True when nothing more is due now."""
