@@ -40,6 +40,9 @@ def decode_topics(payload: str) -> frozenset[str] | None:
     return topics or None
 
 
+_PRUNE_AT = 1024
+
+
 class Wakes:
     """Which topics this process should announce now: each at most once a window.
 
@@ -63,6 +66,10 @@ class Wakes:
             due = frozenset(t for t in topics if now - self._last.get(t, -math.inf) >= self.window)
             for t in due:
                 self._last[t] = now
+            if len(self._last) > _PRUNE_AT:
+                # Entries older than the window decide nothing: drop them, so a
+                # producer that invents topics keeps a table of one window's.
+                self._last = {t: at for t, at in self._last.items() if now - at < self.window}
         return due
 
     def forget(self) -> None:

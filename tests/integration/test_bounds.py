@@ -57,3 +57,46 @@ def test_a_typo_of_200k_messages_is_buried_in_batches_in_bounded_memory(
     assert "493817" not in relay.log
     relay.signal(signal.SIGTERM)
     assert relay.wait(15) == 0
+
+
+def test_topics_producers_invent_never_become_label_values(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    query(
+        db,
+        "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
+        " SELECT gen_random_uuid(), 'orders.customer-' || n || '.placed', '{}', now(), now()"
+        " FROM generate_series(1, 20000) AS n",
+    )
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_UNSERVED_GRACE="1s",
+        OUTBOX_BACKLOG_INTERVAL="1s",
+        OUTBOX_LOG_TOPICS="orders.placed",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    wait_until(
+        "every message buried",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NULL") == 0,
+        timeout=60,
+    )
+
+    def scraped() -> str:
+        return relay.get("/metrics")[1]
+
+    wait_until(
+        "the backlog counted", lambda: 'outbox_buried_messages{topic="_other"} 20000' in scraped()
+    )
+    text = scraped()
+    topics = {
+        line.split('topic="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if 'topic="' in line
+    }
+    assert topics == {"_other", "orders.placed"}
+    assert 'outbox_buried_total{topic="_other"} 20000.0' in text
+    assert len(text.splitlines()) < 400
+    assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2

@@ -16,12 +16,12 @@ once), taken with the same bound: the second waits, then finds nothing to do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
 from typing import Any, LiteralString
 
-import anyio
 import psycopg
 import psycopg.errors
 from psycopg import sql as pgsql
@@ -143,7 +143,7 @@ async def _lock(conn: psycopg.AsyncConnection[Any], wait: float) -> None:
             log.warning(
                 "another outbox migrate holds the migration lock; waiting up to %.0fs", wait
             )
-        await anyio.sleep(min(0.5, wait - waited))
+        await asyncio.sleep(min(0.5, wait - waited))
 
 
 async def _retrying(
@@ -172,7 +172,7 @@ async def _retrying(
             log.warning(
                 "%s: a lock is held by %s; trying again in %.1fs", what, blockers or "?", delay
             )
-            await anyio.sleep(delay)
+            await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 

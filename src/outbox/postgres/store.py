@@ -296,25 +296,25 @@ class PostgresStore:
                     return {}
                 await conn.execute(_RELAY_FORGET_DEAD, {"now": now})
                 cur = await conn.execute(_UNSERVED_NOTE, {"now": now, "grace": grace})
-                expired = [r[0] for r in await cur.fetchall()]
+                row = await cur.fetchone()
+            if not row or not row[0]:
+                return {}
             # Each batch commits on its own: a relay killed mid-sweep keeps what
             # it buried, and no statement holds more than ``batch`` row locks.
             buried: dict[str, int] = {}
+            params = {"now": now, "grace": grace, "why": why}
             left = budget
-            for topic in expired:
-                params = {"now": now, "grace": grace, "why": why, "topic": topic}
-                while left > 0:
-                    async with conn.transaction():
-                        cur = await conn.execute(
-                            _UNSERVED_BURY, {**params, "limit": min(batch, left)}
-                        )
-                    count = cur.rowcount
-                    left -= count
-                    if count:
-                        buried[topic] = buried.get(topic, 0) + count
-                    if count < batch:
-                        break
-        return buried
+            while left > 0:
+                async with conn.transaction():
+                    cur = await conn.execute(_UNSERVED_BURY, {**params, "limit": min(batch, left)})
+                    counts = await cur.fetchall()
+                n = sum(c for _, c in counts)
+                for topic, c in counts:
+                    buried[topic] = buried.get(topic, 0) + c
+                left -= n
+                if n < batch:
+                    break
+        return dict(sorted(buried.items()))
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         rows = await self._fetch(_GET, {"id": message_id})

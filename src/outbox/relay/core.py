@@ -93,8 +93,7 @@ class Relay(Delivering):
         self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock)
         # Export every known topic's counters at 0 from the start: increase()
         # needs a sample before the first burial to see it.
-        for topic in self.router.served:
-            self.metrics.topic(topic)
+        self.metrics.label_topics(self.router.served)
         self.slots = cfg.slots
         self._claim_size = cfg.batch
         self._lease = cfg.lease.total_seconds()
@@ -201,10 +200,12 @@ class Relay(Delivering):
 
     async def refresh_topics(self) -> None:
         """Read the topic registry now (housekeeping does it at most once an interval)."""
-        self.router.update(await self.store.topics())
+        entries = await self.store.topics()
+        self.router.update(entries)
         self._routes_at = self._local() + self.config.interval
-        for topic in self.router.served:
-            self.metrics.topic(topic)
+        # Labels are the topics this relay serves or the registry names; what
+        # producers invent beyond them counts under one label.
+        self.metrics.label_topics(self.router.served | entries.keys())
 
     # -- the continuous pipeline -------------------------------------------------
 

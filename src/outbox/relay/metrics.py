@@ -6,13 +6,20 @@ outbox.delivered and outbox.buried; alert on the second.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["BacklogMetrics", "RelayMetrics", "TopicMetrics"]
+__all__ = ["MAX_TOPIC_LABELS", "OTHER", "BacklogMetrics", "RelayMetrics", "TopicMetrics"]
+
+OTHER = "_other"
+"""The topic label of every topic the relay neither serves nor finds in the registry."""
+MAX_TOPIC_LABELS = 500
+"""Most distinct topic labels one relay exports; the rest count under OTHER."""
 
 _lock = threading.Lock()
 _made: weakref.WeakKeyDictionary[CollectorRegistry, dict[type[Any], Any]] = (
@@ -65,14 +72,39 @@ class RelayMetrics:
         return _once(cls, registry)
 
     def topic(self, topic: str) -> TopicMetrics:
-        """``topic``'s children, made (and exported at 0) on first use."""
+        """The children of ``topic``'s label, made (and exported at 0) on first use."""
         found = self._topics.get(topic)
         if found is None:
-            found = self._topics[topic] = TopicMetrics(self, topic)
+            label = self.label(topic)
+            found = self._topics.get(label)
+            if found is None:
+                found = self._topics[label] = TopicMetrics(self, label)
         return found
+
+    def label(self, topic: str) -> str:
+        """``topic`` if it may be a label value, else OTHER: producers choose topics."""
+        return topic if topic in self.labelled else OTHER
+
+    def label_topics(self, topics: Iterable[str]) -> None:
+        """Label these topics (served or registered; at most MAX_TOPIC_LABELS), export
+        them at 0, and remove the series of topics no longer among them."""
+        keep = frozenset(sorted(set(topics))[:MAX_TOPIC_LABELS])
+        if keep == self.labelled:
+            return
+        for label in [t for t in self._topics if t not in keep and t != OTHER]:
+            del self._topics[label]
+            for collector in (self.delivered, self.buried, self.retried, self.duration):
+                with contextlib.suppress(KeyError):
+                    collector.remove(label)
+            with contextlib.suppress(KeyError):
+                self.lease_lost.remove(label)
+        self.labelled = keep
+        for topic in keep:
+            self.topic(topic)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._topics: dict[str, TopicMetrics] = {}
+        self.labelled: frozenset[str] = frozenset()
         self.delivered = Counter(
             "outbox_delivered",
             "Messages delivered and acknowledged.",

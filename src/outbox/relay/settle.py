@@ -217,7 +217,7 @@ class Settler:
                 if debug:
                     log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
             else:
-                self.metrics.dropped.labels(m.topic, reason).inc()
+                self.metrics.dropped.labels(self.metrics.label(m.topic), reason).inc()
                 log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
         for topic, n in delivered.items():  # one increment a topic, not one a message
             self.metrics.topic(topic).delivered.inc(n)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 from prometheus_client import CollectorRegistry
 
 from outbox.relay import Clock, system_clock
-from outbox.relay.metrics import BacklogMetrics
+from outbox.relay.metrics import MAX_TOPIC_LABELS, OTHER, BacklogMetrics
 from outbox.store import Store
 
 __all__ = ["Backlog"]
@@ -25,7 +26,13 @@ log = logging.getLogger("outbox.service.backlog")
 
 
 class Backlog:
-    """Keeps the backlog gauges of ``registry`` in step with ``store``."""
+    """Keeps the backlog gauges of ``registry`` in step with ``store``.
+
+    ``label`` maps a topic to its label (a relay's: what it serves or the
+    registry names, the rest OTHER); without it, the first MAX_TOPIC_LABELS
+    topics by name are labels. Either way the series stay bounded whatever
+    topics producers invent: OTHER sums their counts and keeps their oldest.
+    """
 
     def __init__(
         self,
@@ -33,30 +40,41 @@ class Backlog:
         *,
         clock: Clock = system_clock,
         registry: CollectorRegistry | None = None,
+        label: Callable[[str], str] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.gauges = BacklogMetrics.of(registry)
+        self.label = label
         self._seen: set[str] = set()
 
     async def refresh(self, max_age: dt.timedelta | None = None) -> None:
         """Query the store once and set every gauge; topics now empty go to 0.
 
         With ``max_age``, another relay's count of at most that age will do.
+        Series of topics that are gone and no longer labels are removed.
         """
         stats = await self.store.topic_stats(max_age=max_age)
         now = self.clock()
-        current = set()
+        label = self.label or _first({s.topic for s in stats} | self._seen)
+        totals: dict[str, list[float]] = {}
         for s in stats:
-            current.add(s.topic)
-            self.gauges.buried.labels(s.topic).set(s.buried)
-            self.gauges.pending.labels(s.topic).set(s.pending)
-            age = 0.0 if s.oldest_pending is None else (now - s.oldest_pending).total_seconds()
-            self.gauges.oldest.labels(s.topic).set(max(age, 0.0))
-        for topic in self._seen - current:
-            for gauge in (self.gauges.buried, self.gauges.pending, self.gauges.oldest):
-                gauge.labels(topic).set(0)
-        self._seen |= current
+            entry = totals.setdefault(label(s.topic), [0, 0, 0.0])
+            entry[0] += s.buried
+            entry[1] += s.pending
+            if s.oldest_pending is not None:
+                entry[2] = max(entry[2], (now - s.oldest_pending).total_seconds())
+        gauges = (self.gauges.buried, self.gauges.pending, self.gauges.oldest)
+        for name, values in totals.items():
+            for gauge, value in zip(gauges, values, strict=True):
+                gauge.labels(name).set(max(value, 0.0))
+        for name in self._seen - totals.keys():
+            for gauge in gauges:
+                if label(name) == name:
+                    gauge.labels(name).set(0)
+                else:
+                    gauge.remove(name)
+        self._seen = {n for n in self._seen | totals.keys() if n in totals or label(n) == n}
 
     async def run(self, every: dt.timedelta) -> None:
         """Refresh every ``every`` until cancelled; a failing store is logged, not fatal."""
@@ -66,3 +84,8 @@ class Backlog:
             except Exception as exc:
                 log.warning("backlog refresh failed: %s", exc)
             await anyio.sleep(every.total_seconds())
+
+
+def _first(topics: Any) -> Callable[[str], str]:
+    keep = frozenset(sorted(topics)[:MAX_TOPIC_LABELS])
+    return lambda topic: topic if topic in keep else OTHER

@@ -189,7 +189,7 @@ async def _serve(
                     f"OUTBOX_HTTP_PORT: cannot listen on {settings.http_host}:"
                     f"{settings.http_port}: {exc.strerror or exc}"
                 ) from None
-            tg.start_soon(Backlog(store).run, settings.backlog_interval)
+            tg.start_soon(Backlog(store, label=relay.metrics.label).run, settings.backlog_interval)
             tg.start_soon(listen, url, relay.wake)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",

@@ -441,7 +441,7 @@ SELECT pg_try_advisory_xact_lock(%(key)s);
 
 -- unserved_note --
 -- Note the topics with due messages that no live relay serves and no registry
--- entry governs (forget those served again); return the noted topics unserved
+-- entry governs (forget those served again); return how many are unserved
 -- for %(grace)s. Reads each waiting topic once (a DISTINCT over the due
 -- messages), never a row per message.
 WITH clock AS (
@@ -473,44 +473,47 @@ served_again AS (
     DELETE FROM outbox_unserved AS o
     WHERE NOT EXISTS (SELECT 1 FROM unserved AS u WHERE u.topic = o.topic)
 )
-SELECT o.topic
+SELECT count(*)
 FROM outbox_unserved AS o
 JOIN unserved AS u ON u.topic = o.topic, clock
-WHERE o.since <= clock.now - %(grace)s
-ORDER BY o.topic;
+WHERE o.since <= clock.now - %(grace)s;
 
 -- unserved_bury --
--- Bury at most %(limit)s due messages of %(topic)s, if it is still unserved
--- for %(grace)s: no live relay serves it and no registry entry governs it
--- (checked again in each batch, so a relay that starts serving it meanwhile
--- stops the burial). A message a relay claims meanwhile is leased or locked;
--- SKIP LOCKED and the re-check leave it alone. Returns nothing: the caller
--- counts rows, so a million buried messages never cross the wire.
+-- Bury at most %(limit)s due messages of the topics unserved for %(grace)s:
+-- noted that long ago, served by no live relay and governed by no registry
+-- entry (checked again in each batch, so a relay that starts serving a topic
+-- meanwhile stops its burial). A message a relay claims meanwhile is leased
+-- or locked; SKIP LOCKED and the re-check leave it alone. Returns a count per
+-- topic, never a row per message.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
-still AS (
-    SELECT 1
+expired AS (
+    SELECT o.topic
     FROM outbox_unserved AS o, clock
-    WHERE o.topic = %(topic)s AND o.since <= clock.now - %(grace)s
-      AND NOT EXISTS (SELECT 1 FROM outbox_topics AS t WHERE t.topic = %(topic)s)
+    WHERE o.since <= clock.now - %(grace)s
+      AND NOT EXISTS (SELECT 1 FROM outbox_topics AS t WHERE t.topic = o.topic)
       AND NOT EXISTS (
           SELECT 1 FROM outbox_relays AS r
-          WHERE r.expires_at > clock.now AND %(topic)s = ANY(r.topics)
+          WHERE r.expires_at > clock.now AND o.topic = ANY(r.topics)
       )
 ),
 batch AS (
     SELECT m.id
-    FROM outbox_messages AS m, clock
-    WHERE EXISTS (SELECT 1 FROM still)
-      AND m.topic = %(topic)s AND m.buried_at IS NULL AND m.due_at <= clock.now
+    FROM outbox_messages AS m
+    JOIN expired AS e ON e.topic = m.topic, clock
+    WHERE m.buried_at IS NULL AND m.due_at <= clock.now
       AND (m.leased_until IS NULL OR m.leased_until <= clock.now)
     LIMIT %(limit)s
     FOR UPDATE OF m SKIP LOCKED
+),
+done AS (
+    UPDATE outbox_messages AS m
+    SET buried_at = clock.now,
+        leased_until = NULL,
+        last_error = 'no handler for topic ' || m.topic || %(why)s
+    FROM batch AS b, clock
+    WHERE m.id = b.id
+    RETURNING m.topic
 )
-UPDATE outbox_messages AS m
-SET buried_at = clock.now,
-    leased_until = NULL,
-    last_error = 'no handler for topic ' || m.topic || %(why)s
-FROM batch AS b, clock
-WHERE m.id = b.id;
+SELECT topic, count(*) FROM done GROUP BY topic;
