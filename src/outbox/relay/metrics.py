@@ -65,6 +65,8 @@ class RelayMetrics:
     in_flight: Gauge
     database_up: Gauge
     last_poll: Gauge
+    labelled: frozenset[str]
+    """The topics that are label values; the rest count under OTHER."""
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
@@ -104,7 +106,7 @@ class RelayMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._topics: dict[str, TopicMetrics] = {}
-        self.labelled: frozenset[str] = frozenset()
+        self.labelled = frozenset[str]()
         self.delivered = Counter(
             "outbox_delivered",
             "Messages delivered and acknowledged.",
