@@ -62,8 +62,10 @@ class _Row:
 
 def _gives_way(held: TopicSettings, claimant: TopicSettings) -> bool:
     """Whether the entry ``held`` yields to the resource ``claimant`` (as topic_govern)."""
-    if held.source == claimant.source or not (held.source or "").startswith("kubernetes:"):
+    if held.source == claimant.source or held.source is None:
         return True
+    if not held.source.startswith("kubernetes:"):
+        return False  # an operator's `outbox topics` entry: a Conflict to resolve
     never = dt.datetime.max.replace(tzinfo=dt.UTC)
     mine = (claimant.owner_since or never, claimant.source or "")
     theirs = (held.owner_since or never, held.source or "")

@@ -359,7 +359,8 @@ class Registry(Protocol):
 
         ``settings.source`` names the resource and ``settings.owner_since`` is
         its creation time; the oldest (then the lowest source) wins, decided
-        in one statement. Entries of ``outbox topics`` give way. Returns the
+        in one statement. Entries of ``outbox topics`` never give way (a
+        Conflict for the operator to resolve). Returns the
         source that governs the topic afterwards.
         """
         ...

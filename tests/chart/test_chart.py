@@ -593,3 +593,26 @@ def test_secret_names_and_keys_are_quoted() -> None:
 
     assert {"name": "smtp", "key": "u\n optional: true"} in refs
     assert all("optional" not in ref for ref in refs)
+
+
+def test_the_controller_grants_the_release_its_default_topics_and_the_listed_ones() -> None:
+    values = {
+        "controller": {
+            "grants": [
+                {"namespace": "billing", "topics": "billing.*"},
+                {"topics": "orders.placed", "reroute": True},
+            ]
+        }
+    }
+    docs = documents(render(values))
+    [controller] = [
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-controller")
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+    assert env["OUTBOX_CONTROLLER_GRANTS"] == (
+        "prod=mail.login_link,prod=mail.email_change,billing=billing.*,prod=orders.placed:reroute"
+    )

@@ -210,7 +210,9 @@ async def test_the_oldest_resource_governs_a_topic_whatever_the_order(store: Sto
     assert await store.govern_topic(same_age, T0) == "kubernetes:ns/aaa"  # then by name
     await store.set_topic(TopicSettings("orders.shipped", source="cli"), T0)
     taker = dataclasses.replace(newer, topic="orders.shipped")
-    assert await store.govern_topic(taker, T0) == "kubernetes:ns/newer"  # cli entries yield
+    # An operator's entry never yields: the resource reports a Conflict instead.
+    assert await store.govern_topic(taker, T0) == "cli"
+    assert (await store.topics())["orders.shipped"].source == "cli"
 
 
 @pytest.mark.postgres_only

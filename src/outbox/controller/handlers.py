@@ -16,6 +16,7 @@ import kopf
 import psycopg
 from prometheus_client import Counter
 
+from outbox.controller.grants import Grants
 from outbox.controller.reconcile import (
     backlog,
     forget,
@@ -61,6 +62,8 @@ class ControllerConfig:
     store: PostgresStore | None = None
     namespaces: list[str] | None = None
     """The namespaces watched (None: every one): only their entries are pruned."""
+    grants: Grants = dataclasses.field(default_factory=Grants)
+    """Which namespaces may govern which topics (OUTBOX_CONTROLLER_GRANTS)."""
 
 
 def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
@@ -109,6 +112,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
                 kinds=config.kinds,
                 created=_created(meta),
                 previous=previous,
+                grants=config.grants,
             )
             status = dict(outcome.status)
             if stats and outcome.ready:

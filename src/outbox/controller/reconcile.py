@@ -15,6 +15,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
+from outbox.controller.grants import NO_GRANTS, Grants
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import OutboxError
 from outbox.handlers.registry import EntryError, check_entry
@@ -195,6 +196,7 @@ async def reconcile(
     kinds: Mapping[str, HandlerKind],
     created: dt.datetime | None = None,
     previous: Mapping[str, Any] | None = None,
+    grants: Grants = NO_GRANTS,
 ) -> Outcome:
     """Make the registry match ``spec``; return the status that says how it went.
 
@@ -202,11 +204,13 @@ async def reconcile(
     the older governs it (ties: the lower namespace/name), decided by the store
     in one statement. ``previous`` is the status as it stands, so conditions
     keep their transition times and a problem is reported once, not per tick.
+    ``grants`` says which namespaces may govern which topics (see grants.py).
     """
     status: dict[str, Any] = {"observedGeneration": generation}
     registry = await store.topics()
     try:
         entry = desired(spec, lease=lease, builtin_topics=builtin_topics, kinds=kinds)
+        await _granted(store, entry, source, registry, grants, builtin_topics, kinds)
     except InvalidSpec as exc:
         applied = registry.get(str(spec.get("topic")))
         status["enabled"] = applied.enabled if applied else True
@@ -221,10 +225,17 @@ async def reconcile(
     current = registry.get(entry.topic)
     holder = await store.govern_topic(entry, now)
     if holder != source:
-        message = (
-            f"topic {entry.topic} is already governed by OutboxTopic "
-            f"{(holder or '?').removeprefix(SOURCE_PREFIX)}, which is older"
-        )
+        if holder is not None and not holder.startswith(SOURCE_PREFIX):
+            message = (
+                f"topic {entry.topic} has an entry written by `outbox topics` ({holder}); "
+                f"an operator removes it (outbox topics delete {entry.topic}) for this "
+                "resource to govern the topic"
+            )
+        else:
+            message = (
+                f"topic {entry.topic} is already governed by OutboxTopic "
+                f"{(holder or '?').removeprefix(SOURCE_PREFIX)}, which is older"
+            )
         status["enabled"] = current.enabled if current else True
         status["conditions"] = conditions("Conflict", "Conflict", message, now, previous)
         return Outcome(status, None, ready=False, warning=new_problem(status, previous))
@@ -234,6 +245,38 @@ async def reconcile(
         event = f"registry updated: {_describe(entry)}"
     status["conditions"] = conditions("Ready", "Applied", _describe(entry), now, previous)
     return Outcome(status, event, ready=True)
+
+
+async def _granted(
+    store: Store[Any],
+    entry: TopicSettings,
+    source: str,
+    registry: Mapping[str, TopicSettings],
+    grants: Grants,
+    builtin_topics: frozenset[str],
+    kinds: Mapping[str, HandlerKind],
+) -> None:
+    """Raise InvalidSpec unless the resource's namespace may govern ``entry`` as it asks."""
+    namespace = source.removeprefix(SOURCE_PREFIX).partition("/")[0]
+    found = grants.find(namespace, entry.topic)
+    if grants.configured and not found:
+        raise InvalidSpec(
+            f"namespace {namespace} is not granted topic {entry.topic} "
+            "(OUTBOX_CONTROLLER_GRANTS; chart value controller.grants)"
+        )
+    if entry.handler not in kinds or any(g.reroute for g in found):
+        return
+    # Rerouting: is the topic served by a built-in or an application handler?
+    # Relays list what they serve; a topic a kind serves through the registry
+    # lists too, so those entries do not count.
+    by_kind = {t for t, e in registry.items() if e.handler in kinds}
+    served = {t for r in await store.relays() for t in r.topics} - by_kind
+    if entry.topic in builtin_topics or entry.topic in served:
+        raise InvalidSpec(
+            f"topic {entry.topic} has a built-in or application handler; sending it to "
+            f"handler {entry.handler} needs a grant with :reroute for namespace {namespace} "
+            "(OUTBOX_CONTROLLER_GRANTS; chart value controller.grants)"
+        )
 
 
 def unavailable(reason: str, now: dt.datetime, previous: Mapping[str, Any] | None) -> Outcome:

@@ -147,6 +147,16 @@ class ControllerSettings(BaseSettings):
         gt=dt.timedelta(0),
         description="How often each OutboxTopic's status (backlog, conditions) is refreshed.",
     )
+    grants: str = Field(
+        default="",
+        max_length=65536,
+        description=(
+            "Which namespaces' OutboxTopics may govern which topics: NAMESPACE=TOPIC or "
+            "NAMESPACE=PREFIX*, with :reroute to send a topic a built-in or application "
+            "handler serves to a handler kind; comma-separated. Empty: any namespace, "
+            "never rerouting such a topic."
+        ),
+    )
     priority: int = Field(
         default=0,
         ge=0,

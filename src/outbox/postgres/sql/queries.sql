@@ -362,7 +362,8 @@ SET enabled = excluded.enabled,
 -- Write an OutboxTopic's entry unless an older resource governs the topic;
 -- return who governs it afterwards. Ties go to the lower source (namespace/
 -- name); a resource without a creation time counts as the newest. Entries
--- written by `outbox topics` give way to any resource. When
+-- written by `outbox topics` never give way: an operator's entry is a
+-- conflict the operator resolves (outbox topics delete). When
 -- two controllers race, the second waits for the first's row lock and
 -- re-checks the WHERE against what the first wrote, so the older still wins.
 WITH written AS (
@@ -384,9 +385,9 @@ WITH written AS (
         updated_at = excluded.updated_at
     WHERE outbox_topics.source IS NOT DISTINCT FROM excluded.source
        OR outbox_topics.source IS NULL
-       OR outbox_topics.source NOT LIKE 'kubernetes:%%'
-       OR (coalesce(excluded.owner_since, 'infinity'), excluded.source)
-          < (coalesce(outbox_topics.owner_since, 'infinity'), outbox_topics.source)
+       OR (outbox_topics.source LIKE 'kubernetes:%%'
+           AND (coalesce(excluded.owner_since, 'infinity'), excluded.source)
+              < (coalesce(outbox_topics.owner_since, 'infinity'), outbox_topics.source))
     RETURNING source
 )
 SELECT source FROM written

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from outbox.controller import ControllerConfig, run
+    from outbox.controller.grants import parse_grants
     from outbox.service.http import ProbeServer
     from outbox.service.process import database
 
@@ -78,12 +79,18 @@ def run(args: argparse.Namespace) -> int:
             "POD_NAMESPACE", "unset; set it (the downward API) or pass --all-namespaces"
         )
 
+    try:
+        grants = parse_grants(own.grants)
+    except ValueError as exc:
+        raise ConfigError("OUTBOX_CONTROLLER_GRANTS", str(exc)) from None
+
     async def main() -> None:
         async with database(settings) as url:
             config = ControllerConfig(
                 conninfo=url,
                 lease=lease,
                 status_interval=own.status_interval.total_seconds(),
+                grants=grants,
                 kinds=HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings)).mapping,
             )
             async with anyio.create_task_group() as tg:
