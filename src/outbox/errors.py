@@ -153,3 +153,7 @@ class MigrationBlocked(OutboxError):
             + "; end that session (or wait for it) and run migrate again"
         )
         self.blockers = blockers
+
+
+class MigrationRefused(OutboxError):
+    """A migration found outbox objects it must not adopt; nothing of it was applied."""

@@ -616,3 +616,19 @@ def test_the_controller_grants_the_release_its_default_topics_and_the_listed_one
     assert env["OUTBOX_CONTROLLER_GRANTS"] == (
         "prod=mail.login_link,prod=mail.email_change,billing=billing.*,prod=orders.placed:reroute"
     )
+
+
+def test_the_migrate_hook_can_use_an_owner_role_of_its_own() -> None:
+    values = {"migrations": {"existingSecret": "outbox-owner", "secretKey": "dsn"}}
+    docs = documents(render(values))
+    [job] = by_kind(docs, "Job")
+    relay = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-relay"))
+
+    def database(workload: dict[str, Any]) -> dict[str, str]:
+        env = workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        [url] = [e for e in env if e["name"] == "OUTBOX_DATABASE_URL"]
+        ref: dict[str, str] = url["valueFrom"]["secretKeyRef"]
+        return ref
+
+    assert database(job) == {"name": "outbox-owner", "key": "dsn"}
+    assert database(relay) == {"name": "outbox-outbox-relay-database", "key": "url"}

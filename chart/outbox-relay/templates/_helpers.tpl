@@ -78,6 +78,23 @@ app.kubernetes.io/component: {{ .component }}
     secretKeyRef:
       name: {{ include "outbox-relay.databaseSecret" . | quote }}
       key: {{ .Values.database.secretKey | quote }}
+{{ include "outbox-relay.sharedEnv" . }}
+{{- end -}}
+
+{{/*
+The migrate hook's environment: its own credentials (an owner role, with DDL
+rights the relays never need) when migrations.existingSecret names them.
+*/}}
+{{- define "outbox-relay.migrateEnv" -}}
+- name: OUTBOX_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.migrations.existingSecret | default (include "outbox-relay.databaseSecret" .) | quote }}
+      key: {{ .Values.migrations.secretKey | default .Values.database.secretKey | quote }}
+{{ include "outbox-relay.sharedEnv" . }}
+{{- end -}}
+
+{{- define "outbox-relay.sharedEnv" -}}
 - name: OUTBOX_POOL_SIZE
   value: {{ .Values.database.poolSize | quote }}
 - name: OUTBOX_LOG_FORMAT

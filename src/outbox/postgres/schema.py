@@ -26,10 +26,19 @@ import psycopg
 import psycopg.errors
 from psycopg import sql as pgsql
 
-from outbox.errors import MigrationBlocked
+from outbox.errors import MigrationBlocked, MigrationRefused
 from outbox.postgres.queries import migrations
 
-__all__ = ["LOCK_TIMEOUT", "MIGRATE_WAIT", "migrate", "migrations_sql", "pending", "statements"]
+__all__ = [
+    "GRANTS",
+    "LOCK_TIMEOUT",
+    "MIGRATE_WAIT",
+    "grants_sql",
+    "migrate",
+    "migrations_sql",
+    "pending",
+    "statements",
+]
 
 log = logging.getLogger("outbox.postgres")
 
@@ -68,6 +77,15 @@ WHERE l.pid <> pg_backend_pid() AND l.granted
 ORDER BY 1
 LIMIT 5
 """
+# Outbox objects of the migration's schema that the migrating role does not own.
+_FOREIGN: LiteralString = """
+SELECT c.relname, pg_get_userbyid(c.relowner)
+FROM pg_class AS c
+WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+  AND c.relname LIKE 'outbox\\_%%' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  AND NOT pg_has_role(current_user, c.relowner, 'USAGE')
+ORDER BY 1
+"""
 # A concurrent index build that failed leaves an INVALID index behind, which
 # CREATE INDEX ... IF NOT EXISTS would then keep: drop those first.
 _INVALID_INDEXES: LiteralString = """
@@ -104,7 +122,10 @@ async def migrate(
         )
         await _lock(conn, wait)
         try:
-            await _retrying(conn, "outbox_schema_migrations", wait, [BOOKKEEPING], None)
+            # A role without DDL rights may run migrate when nothing is left to do.
+            cur = await conn.execute("SELECT to_regclass('outbox_schema_migrations') IS NULL")
+            if (await cur.fetchone() or (True,))[0]:
+                await _retrying(conn, "outbox_schema_migrations", wait, [BOOKKEEPING], None)
             cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
             done = {row[0] for row in await cur.fetchall()}
             for version, name, sql in migrations():
@@ -118,6 +139,7 @@ async def migrate(
                     for statement in statements(sql):
                         await _drop_invalid(conn, statement)
                         await _retrying(conn, what, wait, [statement], None)
+                    await _owned(conn, what)
                     await conn.execute(_RECORD, record)
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
@@ -162,6 +184,7 @@ async def _retrying(
                 for sql in sqls:
                     await conn.execute(sql.encode())
                 if record is not None:
+                    await _owned(conn, what)
                     await conn.execute(_RECORD, record)
             return
         except psycopg.errors.LockNotAvailable:
@@ -182,6 +205,20 @@ class _none:
 
     async def __aexit__(self, *exc: object) -> None:
         return None
+
+
+async def _owned(conn: psycopg.AsyncConnection[Any], what: str) -> None:
+    """Refuse outbox objects the migrating role does not own (inside the migration's
+    transaction, so nothing of it is recorded): ``IF NOT EXISTS`` would otherwise
+    adopt a table someone else created first, triggers and all."""
+    cur = await conn.execute(_FOREIGN)
+    foreign = await cur.fetchall()
+    if foreign:
+        names = ", ".join(f"{name} (owned by {owner})" for name, owner in foreign)
+        raise MigrationRefused(
+            f"{what}: {names} not owned by the migrating role; outbox objects are "
+            "created by the role that runs migrate: drop them, or migrate as their owner"
+        )
 
 
 async def _blockers(conn: psycopg.AsyncConnection[Any]) -> str:
@@ -238,3 +275,52 @@ def migrations_sql() -> str:
             body = "".join(f"{statement};\n" for statement in statements(sql))
             parts.append(f"\n-- {version:04d}_{name} (outside a transaction)\n{body}{record}")
     return "".join(parts)
+
+
+# What each role of a least-privilege setup needs, table by table. The owner
+# (the role that runs migrate) needs CREATE on the schema and owns everything.
+GRANTS: dict[str, dict[str, str]] = {
+    "relay": {
+        "outbox_messages": "SELECT, UPDATE, DELETE",
+        "outbox_topics": "SELECT",
+        "outbox_schema_migrations": "SELECT",
+        "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_unserved": "SELECT, INSERT, DELETE",
+        "outbox_backlog": "SELECT, INSERT, UPDATE",
+    },
+    "producer": {"outbox_messages": "INSERT"},
+    # The controller counts the backlog from three columns: never a payload.
+    "controller": {
+        "outbox_messages": "SELECT (topic, created_at, buried_at)",
+        "outbox_topics": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_schema_migrations": "SELECT",
+        "outbox_relays": "SELECT",
+        "outbox_backlog": "SELECT, INSERT, UPDATE",
+    },
+    # `outbox buried`, `outbox topics`, `outbox relays`.
+    "operator": {
+        "outbox_messages": "SELECT, UPDATE, DELETE",
+        "outbox_topics": "SELECT, INSERT, UPDATE, DELETE",
+        "outbox_schema_migrations": "SELECT",
+        "outbox_relays": "SELECT",
+        "outbox_backlog": "SELECT, INSERT, UPDATE",
+    },
+}
+_ROLE = re.compile(r"^[a-z_][a-z0-9_$]*$")
+
+
+def grants_sql(roles: dict[str, str], schema: str = "public") -> str:
+    """GRANT statements giving each ``{kind: role}`` what its kind needs, and no more."""
+    for name in (*roles.values(), schema):
+        if not _ROLE.match(name):
+            raise ValueError(f"{name!r} is not a plain lower-case SQL name")
+    out = [f"-- Least-privilege grants for the outbox tables in schema {schema}.\n"]
+    for kind, role in roles.items():
+        if kind not in GRANTS:
+            raise ValueError(f"{kind!r} is not one of {', '.join(GRANTS)}")
+        out.append(f"\n-- {kind}\nGRANT USAGE ON SCHEMA {schema} TO {role};\n")
+        out.extend(
+            f"GRANT {privileges} ON {schema}.{table} TO {role};\n"
+            for table, privileges in GRANTS[kind].items()
+        )
+    return "".join(out)

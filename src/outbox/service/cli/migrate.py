@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 
+from outbox.errors import ConfigError
 from outbox.service.cli.common import (
     DATABASE,
     LOGS,
@@ -40,6 +41,16 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         help="print the DDL of every migration in order (idempotent) without connecting",
     )
     migrate.add_argument(
+        "--grants",
+        nargs="+",
+        metavar="KIND=ROLE",
+        help=(
+            "print the GRANTs a least-privilege setup needs for each KIND (relay, producer, "
+            "controller, operator) given to ROLE, without connecting; --schema names the schema"
+        ),
+    )
+    migrate.add_argument("--schema", default="public", help="the schema of --grants")
+    migrate.add_argument(
         "--wait",
         type=duration,
         default=dt.timedelta(seconds=60),
@@ -57,6 +68,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sql:
         sys.stdout.write(migrations_sql())
+        return 0
+    if args.grants:
+        from outbox.postgres.schema import grants_sql
+
+        roles = {}
+        for item in args.grants:
+            kind, sep, role = item.partition("=")
+            if not sep:
+                raise ConfigError(
+                    "--grants", f"{item!r} is not KIND=ROLE (like relay=outbox_relay)"
+                )
+            roles[kind] = role
+        try:
+            sys.stdout.write(grants_sql(roles, args.schema))
+        except ValueError as exc:
+            raise ConfigError("--grants", str(exc)) from None
         return 0
 
     settings = service_settings()

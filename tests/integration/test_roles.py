@@ -1,0 +1,118 @@
+"""Least privilege with real roles: an owner migrates, relays get DML, producers INSERT only."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from outbox import new_message
+from outbox.postgres import add_sync
+from tests.integration.process import RelayProcess, count, run_outbox, wait_until
+
+
+class Roles:
+    """Login roles of one test (owner, relay, app, squatter) and a schema the owner owns."""
+
+    def __init__(self, postgres_url: str) -> None:
+        self.admin = postgres_url
+        tag = uuid.uuid4().hex[:8]
+        self.names = {k: f"t_{k}_{tag}" for k in ("owner", "relay", "app", "squatter")}
+        self.schema = f"t_roles_{tag}"
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            for name in self.names.values():
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                    sql.Identifier(self.schema), sql.Identifier(self.names["owner"])
+                )
+            )
+
+    def url(self, who: str) -> str:
+        return make_conninfo(
+            self.admin, user=self.names[who], options=f"-c search_path={self.schema}"
+        )
+
+    def drop(self) -> None:
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(self.schema)))
+            for name in self.names.values():
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def roles(postgres_url: str) -> Iterator[Roles]:
+    r = Roles(postgres_url)
+    yield r
+    r.drop()
+
+
+def test_an_owner_migrates_relays_run_on_dml_and_producers_only_insert(
+    roles: Roles, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    migrated = run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner"))
+    assert migrated.returncode == 0, migrated.stderr
+    grants = run_outbox(
+        "migrate",
+        "--grants",
+        f"relay={roles.names['relay']}",
+        f"producer={roles.names['app']}",
+        "--schema",
+        roles.schema,
+    )
+    assert grants.returncode == 0, grants.stderr
+    with psycopg.connect(roles.url("owner"), autocommit=True) as owner:
+        owner.execute(grants.stdout.encode())
+
+    with psycopg.connect(roles.url("app"), autocommit=True) as app:
+        with app.transaction():
+            add_sync(app, *(new_message("orders.placed", {"n": n}) for n in range(5)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT payload FROM outbox_messages")
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=roles.url("relay"),
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_LOG_TOPICS="orders.placed",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    wait_until(
+        "the relay to deliver",
+        lambda: count(roles.url("owner"), "SELECT count(*) FROM outbox_messages") == 0,
+    )
+    assert count(roles.url("owner"), "SELECT count(*) FROM outbox_relays") == 1
+    assert "Traceback" not in relay.log
+    assert "permission denied" not in relay.log
+
+    # Nothing to apply: a role without DDL rights may run migrate (every helm upgrade does).
+    again = run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("relay"))
+    assert again.returncode == 0, again.stderr
+    with psycopg.connect(roles.url("relay")) as r, pytest.raises(psycopg.errors.Error):
+        r.execute("DROP TABLE outbox_messages")
+
+
+def test_migrate_refuses_to_adopt_a_table_someone_else_created(roles: Roles) -> None:
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("GRANT CREATE, USAGE ON SCHEMA {} TO {}").format(
+                sql.Identifier(roles.schema), sql.Identifier(roles.names["squatter"])
+            )
+        )
+    with psycopg.connect(roles.url("squatter"), autocommit=True) as squatter:
+        squatter.execute("CREATE TABLE outbox_backlog (id boolean PRIMARY KEY, stats jsonb)")
+
+    result = run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner"))
+
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("outbox migrate: migration 0001_outbox_messages: outbox_backlog")
+    assert f"(owned by {roles.names['squatter']}) not owned by the migrating role" in line
+    applied = count(roles.url("owner"), "SELECT count(*) FROM outbox_schema_migrations")
+    assert applied == 0, "nothing is recorded while a foreign outbox table is there"
