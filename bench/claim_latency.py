@@ -63,6 +63,7 @@ def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: in
             "caps": [],
             "isolate": True,
             "solo": False,
+            "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
             "by_topic": len(served) <= BY_TOPIC,
         }
         took = []

@@ -125,6 +125,7 @@ class MemoryStore:
         caps: Mapping[str, int] | None = None,
         isolate: bool = False,
         solo: bool = False,
+        max_bytes: int | None = None,
     ) -> Claimed:
         check_claim(lease, limit)
         now = now or self.clock()
@@ -142,16 +143,22 @@ class MemoryStore:
             ),
             key=lambda r: (r.due_at, r.message.id),
         )
-        picked = []
+        candidates = []
         for row in due:
             topic = row.message.topic
             if free is not None and topic not in free:
                 if left.get(topic, 0) < 1:
                     continue
                 left[topic] -= 1
-            picked.append(row)
-            if len(picked) == limit:
+            candidates.append(row)
+            if len(candidates) == limit:
                 break
+        picked, size = [], 0
+        for row in candidates:
+            if max_bytes is not None and size >= max_bytes:
+                break
+            picked.append(row)
+            size += len(row.message.payload)
         token = uuid.uuid4()
         until = now + lease
         claimed = Claimed()

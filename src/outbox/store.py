@@ -159,6 +159,7 @@ class RelayStore(Protocol):
         caps: Mapping[str, int] | None = None,
         isolate: bool = False,
         solo: bool = False,
+        max_bytes: int | None = None,
     ) -> Claimed:
         """Lease up to ``limit`` due messages, earliest due first, for ``lease``.
 
@@ -167,7 +168,8 @@ class RelayStore(Protocol):
         store's time. ``topics`` (None: all) are claimed freely; each topic in
         ``caps`` at most that many. ``isolate`` leaves orphans and counts them;
         ``solo`` claims only orphans and does not count the attempt that an
-        orphan lost while it shared its lease.
+        orphan lost while it shared its lease. ``max_bytes`` stops the claim
+        once the payloads taken reach it (the first message is always taken).
         """
         ...
 

@@ -137,6 +137,35 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def test_never_more_payload_bytes_in_flight_than_the_budget(store: Store[Any]) -> None:
+    running = 0
+    most = 0
+    release = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+
+    # Each payload is a little over 4 KiB: a 10 KiB budget holds three at most
+    # (claims stop once the bytes before a message reach it).
+    bench = Bench(store, {"files.up": handle}, batch=10, in_flight_bytes=10 * 1024)
+    msgs = await bench.add("files.up", 12, blob="x" * 4096)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bench.relay.run)
+        await eventually("the budget to fill", lambda: _true(running == 3))
+        await anyio.sleep(0.05)  # the relay would claim more here if it could
+        assert bench.relay.in_flight == 3
+        release.set()
+        await eventually("the outbox to empty", lambda: bench.gone(msgs))
+        bench.relay.stop()
+
+    assert most == 3
+
+
 async def test_claims_grow_while_the_backlog_fills_them_and_shrink_once_it_is_drained(
     store: Store[Any],
 ) -> None:

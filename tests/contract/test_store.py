@@ -260,3 +260,17 @@ async def test_release_hands_leased_messages_back_without_counting_the_attempt(
     assert sorted(m.id for m in again) == sorted([a.id, b.id])
     assert {m.attempts for m in again} == {1}
     assert await store.release([], later) == set()
+
+
+async def test_a_claim_stops_once_its_payloads_reach_max_bytes(store: Store[Any]) -> None:
+    big = [msg(at=T0 + dt.timedelta(seconds=i), blob="x" * 1000) for i in range(5)]
+    await add(store, *big)
+    size = len(big[0].payload)
+
+    first = await store.claim(T0 + LEASE, LEASE, 10, max_bytes=2 * size + 1)
+    second = await store.claim(T0 + LEASE, LEASE, 10, max_bytes=1)
+    rest = await store.claim(T0 + LEASE, LEASE, 10)
+
+    assert [m.id for m in first] == [m.id for m in big[:3]]  # until the bytes before reach it
+    assert [m.id for m in second] == [big[3].id]  # the first is always taken
+    assert [m.id for m in rest] == [big[4].id]

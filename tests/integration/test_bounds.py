@@ -100,3 +100,35 @@ def test_topics_producers_invent_never_become_label_values(
     assert 'outbox_buried_total{topic="_other"} 20000.0' in text
     assert len(text.splitlines()) < 400
     assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2
+
+
+def test_large_payloads_in_flight_stay_within_the_byte_budget(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    from tests.integration import recording
+
+    # 60 payloads of 1 MiB (the default OUTBOX_MAX_PAYLOAD), every one due at once.
+    query(
+        db,
+        "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
+        f" SELECT gen_random_uuid(), '{recording.TOPIC}',"
+        " json_build_object('blob', repeat('x', 1048000)), now(), now()"
+        " FROM generate_series(1, 60)",
+    )
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_HANDLERS="tests.integration.recording:handlers",
+        RECORDING_DELAY="0.2",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    wait_until(
+        "every message delivered",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
+        timeout=90,
+    )
+
+    # 80 slots would hold 60 MiB of payloads; OUTBOX_IN_FLIGHT_BYTES (32 MiB) holds half.
+    assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2

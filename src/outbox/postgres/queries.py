@@ -16,6 +16,8 @@ _HEADER = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 # Whole-line comments stay in the file: psycopg parses a statement longer
 # than 4,096 characters anew on every execution instead of caching it.
 _COMMENT_LINE = re.compile(r"^\s*--.*\n", re.MULTILINE)
+# Indentation too: no statement has a string literal that spans lines.
+_INDENT = re.compile(r"^[ \t]+", re.MULTILINE)
 
 
 def load_queries(package: str) -> dict[str, LiteralString]:
@@ -25,7 +27,7 @@ def load_queries(package: str) -> dict[str, LiteralString]:
     # The file is part of the package, so its text is as literal as a string
     # in the source.
     queries: dict[str, LiteralString] = {
-        name: _COMMENT_LINE.sub("", body).strip()
+        name: _INDENT.sub("", _COMMENT_LINE.sub("", body)).strip()
         for name, body in zip(parts[1::2], parts[2::2], strict=True)
     }
     return queries

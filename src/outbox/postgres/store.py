@@ -102,6 +102,7 @@ def claim_params(
     caps: Mapping[str, int] | None = None,
     isolate: bool = False,
     solo: bool = False,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The message_claim statement's parameters for PostgresStore.claim's arguments."""
     capped = {t: n for t, n in (caps or {}).items() if n > 0}
@@ -118,6 +119,7 @@ def claim_params(
         "caps": list(capped.values()),
         "isolate": isolate,
         "solo": solo,
+        "max_bytes": max_bytes,
     }
 
 
@@ -168,11 +170,20 @@ class PostgresStore:
         caps: Mapping[str, int] | None = None,
         isolate: bool = False,
         solo: bool = False,
+        max_bytes: int | None = None,
     ) -> Claimed:
         check_claim(lease, limit)
         token = uuid.uuid4()
         params = claim_params(
-            now, lease, limit, token, topics=topics, caps=caps, isolate=isolate, solo=solo
+            now,
+            lease,
+            limit,
+            token,
+            topics=topics,
+            caps=caps,
+            isolate=isolate,
+            solo=solo,
+            max_bytes=max_bytes,
         )
         rows = await self._fetch(_CLAIM, params)
         utc = dt.UTC

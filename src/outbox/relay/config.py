@@ -99,6 +99,16 @@ class RelayConfig(BaseModel):
             "Unset: 8 x OUTBOX_BATCH."
         ),
     )
+    in_flight_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        le=2**40,
+        description=(
+            "Most payload bytes one relay holds in flight (claims stop short of it; the "
+            "first message of a claim is always taken), so large payloads cannot exhaust "
+            "its memory. See the README's memory budget."
+        ),
+    )
     max_in_flight: int | None = Field(
         default=None,
         ge=1,

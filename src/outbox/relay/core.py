@@ -98,6 +98,8 @@ class Relay(Delivering):
         self._claim_size = cfg.batch
         self._lease = cfg.lease.total_seconds()
         self._held: dict[Any, Held] = {}
+        self._held_bytes = 0
+        """Payload bytes of the messages in ``_held``."""
         self._queue: collections.deque[Held] = collections.deque()
         self._topic_load: collections.Counter[str] = collections.Counter()
         self._workers = 0
@@ -306,8 +308,12 @@ class Relay(Delivering):
         if free <= 0:
             await self._until(lambda: len(self._held) < self.slots)
             return False
+        room = self.config.in_flight_bytes - self._held_bytes
+        if room <= 0:
+            await self._until(lambda: self._held_bytes < self.config.in_flight_bytes)
+            return False
         want = min(self._claim_size, free)
-        claimed = await self._claim(want)
+        claimed = await self._claim(want, max_bytes=room)
         self.metrics.database_up.set(1)
         self.metrics.last_poll.set(time.time())
         await self._start(claimed, tg)
@@ -361,7 +367,9 @@ class Relay(Delivering):
 
     # -- claiming --------------------------------------------------------------
 
-    async def _claim(self, limit: int, *, solo: bool = False) -> Claimed:
+    async def _claim(
+        self, limit: int, *, solo: bool = False, max_bytes: int | None = None
+    ) -> Claimed:
         router = self.router
         caps = None
         if router.capped:
@@ -377,6 +385,7 @@ class Relay(Delivering):
             caps=caps,
             isolate=True,
             solo=solo,
+            max_bytes=max_bytes,
         )
         if claimed.orphans:
             self._orphans = True
@@ -384,6 +393,7 @@ class Relay(Delivering):
             route = router.routes.get(m.topic)
             held = Held(m, route, lease_end, solo)  # type: ignore[arg-type]
             self._held[m.id] = held
+            self._held_bytes += len(m.payload)
             if route is not None and route.max_in_flight is not None:
                 self._topic_load[m.topic] += 1
         return claimed

@@ -38,6 +38,7 @@ class Delivering:
     settler: Settler
     metrics: RelayMetrics
     _held: dict[Any, Held]
+    _held_bytes: int
     _queue: collections.deque[Held]
     _topic_load: collections.Counter[str]
     _workers: int
@@ -165,6 +166,7 @@ class Delivering:
     def _written(self, held: Held) -> None:
         """``held``'s outcome is in the store (or given up): free its slot."""
         if self._held.pop(held.message.id, None) is not None:
+            self._held_bytes -= len(held.message.payload)
             self._signal()
 
     def _signal(self) -> None:

@@ -62,7 +62,7 @@ WITH clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 ready AS MATERIALIZED (
-    SELECT id, due_at, false AS orphan, false AS lease_solo
+    SELECT id, due_at, false AS orphan, false AS lease_solo, octet_length(payload::text) AS size
     FROM outbox_messages
     WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
       AND due_at <= (SELECT now FROM clock)
@@ -75,11 +75,11 @@ ready AS MATERIALIZED (
 -- The same rows, found topic by topic (%(by_topic)s: a few topics), so rows of
 -- topics not in %(topics)s are never walked; the merge below restores the order.
 ready_by_topic AS MATERIALIZED (
-    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo
+    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo, c.size
     FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s
                      THEN string_to_array(%(topics)s::text, ',') END) AS k(topic)
     CROSS JOIN LATERAL (
-        SELECT id, due_at
+        SELECT id, due_at, octet_length(payload::text) AS size
         FROM outbox_messages
         WHERE buried_at IS NULL AND leased_until IS NULL
           AND due_at <= (SELECT now FROM clock)
@@ -90,7 +90,7 @@ ready_by_topic AS MATERIALIZED (
     ) AS c
 ),
 orphans AS MATERIALIZED (
-    SELECT id, due_at, true AS orphan, lease_solo
+    SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size
     FROM outbox_messages
     WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
@@ -99,11 +99,12 @@ orphans AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ),
 capped AS MATERIALIZED (
-    SELECT c.id, c.due_at, c.orphan, c.lease_solo
+    SELECT c.id, c.due_at, c.orphan, c.lease_solo, c.size
     FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id, due_at, false AS orphan, false AS lease_solo
+            SELECT id, due_at, false AS orphan, false AS lease_solo,
+                   octet_length(payload::text) AS size
             FROM outbox_messages
             WHERE buried_at IS NULL AND leased_until IS NULL
               AND due_at <= (SELECT now FROM clock)
@@ -115,7 +116,7 @@ capped AS MATERIALIZED (
         ) AS r
         UNION ALL
         SELECT * FROM (
-            SELECT id, due_at, true AS orphan, lease_solo
+            SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size
             FROM outbox_messages
             WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
               AND topic = k.topic
@@ -127,18 +128,26 @@ capped AS MATERIALIZED (
         LIMIT k.n
     ) AS c
 ),
-picked AS MATERIALIZED (
-    SELECT id, due_at, orphan, lease_solo FROM ready
+candidates AS MATERIALIZED (
+    SELECT * FROM ready
     UNION ALL
-    SELECT id, due_at, orphan, lease_solo FROM ready_by_topic
+    SELECT * FROM ready_by_topic
     UNION ALL
-    SELECT id, due_at, orphan, lease_solo FROM orphans
+    SELECT * FROM orphans
     UNION ALL
-    SELECT id, due_at, orphan, lease_solo FROM capped
+    SELECT * FROM capped
     ORDER BY due_at, id
     LIMIT %(limit)s
 ),
--- Found once (MATERIALIZED): the check below runs for every picked row.
+-- Bounded by bytes too: candidates in order while the payloads before them
+-- add up to less than %(max_bytes)s (the first is always taken). The rest
+-- stay unclaimed; their row locks end with the statement.
+picked AS MATERIALIZED (
+    SELECT id, due_at, orphan, lease_solo FROM (
+        SELECT *, sum(size) OVER (ORDER BY due_at, id) - size AS b FROM candidates
+    ) AS s
+    WHERE %(max_bytes)s::bigint IS NULL OR s.b < %(max_bytes)s
+),
 first_orphan AS MATERIALIZED (
     SELECT due_at, id FROM picked WHERE orphan ORDER BY due_at, id LIMIT 1
 ),
