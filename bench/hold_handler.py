@@ -1,0 +1,16 @@
+"""OUTBOX_HANDLERS for bench/memory.py: bench.hold's handler keeps each message BENCH_HOLD s."""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+
+from outbox import Message
+
+
+async def hold(m: Message) -> None:
+    await anyio.sleep(float(os.environ.get("BENCH_HOLD", "0.5")))
+
+
+handlers = {"bench.hold": hold}
