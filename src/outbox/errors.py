@@ -14,6 +14,8 @@ __all__ = [
     "ConfigError",
     "Dropped",
     "EncodeError",
+    "MigrationBlocked",
+    "MigrationRefused",
     "NotFound",
     "NotInTransaction",
     "OutboxError",
@@ -22,6 +24,7 @@ __all__ = [
     "RetryAfter",
     "StoreUnavailable",
     "Unavailable",
+    "first_line",
 ]
 
 
@@ -157,3 +160,9 @@ class MigrationBlocked(OutboxError):
 
 class MigrationRefused(OutboxError):
     """A migration found outbox objects it must not adopt; nothing of it was applied."""
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a log line or a reason says of ``exc``."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,36 @@ def test_migrate_refuses_to_adopt_a_table_someone_else_created(roles: Roles) -> 
     assert f"(owned by {roles.names['squatter']}) not owned by the migrating role" in line
     applied = count(roles.url("owner"), "SELECT count(*) FROM outbox_schema_migrations")
     assert applied == 0, "nothing is recorded while a foreign outbox table is there"
+
+
+def test_a_relay_without_the_grants_to_register_says_so_once_and_is_not_ready(
+    roles: Roles, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    assert run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner")).returncode == 0
+    with psycopg.connect(roles.url("owner"), autocommit=True) as owner:
+        # DML on the messages only: no row of its own in outbox_relays.
+        owner.execute(
+            sql.SQL(
+                "GRANT USAGE ON SCHEMA {s} TO {r};"
+                " GRANT SELECT, UPDATE, DELETE ON outbox_messages TO {r};"
+                " GRANT SELECT ON outbox_topics, outbox_schema_migrations TO {r}"
+            ).format(s=sql.Identifier(roles.schema), r=sql.Identifier(roles.names["relay"]))
+        )
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=roles.url("relay"),
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_LOG_TOPICS="orders.placed",
+    )
+    relays.append(relay)
+    wait_until("the failure said", lambda: "housekeeping failed" in relay.log)
+    statuses = []
+    for _ in range(10):  # a second of housekeeping rounds, every 100 ms
+        statuses.append(relay.status("/readyz"))
+        time.sleep(0.1)
+
+    assert 200 not in statuses
+    said = [r for r in relay.log_records() if "housekeeping failed" in r["message"]]
+    assert len(said) == 1, said
+    assert "permission denied for table outbox_relays" in said[0]["message"]
+    assert "Traceback" not in relay.log

@@ -34,7 +34,7 @@ import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.clock import Clock, system_clock
-from outbox.errors import StoreUnavailable
+from outbox.errors import StoreUnavailable, first_line
 from outbox.message import validate_topic
 from outbox.relay.config import RelayConfig
 from outbox.relay.deliver import Delivering
@@ -99,6 +99,8 @@ class Relay(Delivering):
         self._lease = cfg.lease.total_seconds()
         self._held: dict[Any, Held] = {}
         self._held_bytes = 0
+        self.housekeeping_failing = False
+        """Whether the last registry read, registration or sweep failed."""
         """Payload bytes of the messages in ``_held``."""
         self._queue: collections.deque[Held] = collections.deque()
         self._topic_load: collections.Counter[str] = collections.Counter()
@@ -297,7 +299,15 @@ class Relay(Delivering):
     async def _feed_once(self, tg: anyio.abc.TaskGroup) -> bool:
         """One step of the feeder; True when nothing more is due now."""
         if self._routes_at is None:  # never claim before the registry was read
-            await self.housekeep()
+            try:
+                await self.housekeep()
+            except StoreUnavailable:
+                raise
+            except Exception:
+                if self._routes_at is None:
+                    raise
+                # The registry was read; registering or sweeping failed, which
+                # the housekeeping task reports (once) and retries.
             return False
         if self._orphans:
             await self._until(lambda: not self._held)
@@ -340,15 +350,34 @@ class Relay(Delivering):
 
     async def _housekeep_until_stopped(self) -> None:
         interval = self.config.interval.total_seconds()
+        told: str | None = None
         while not self._stopping:
             try:
                 await self.housekeep()
             except Exception as exc:
+                self.housekeeping_failing = True
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
                     log.debug("housekeeping failed: %s", exc)  # the feeder says it once
                 else:
-                    log.exception("housekeeping failed")
+                    # Said once a cause (a missing grant fails every interval):
+                    # the relay is not ready meanwhile, since the fleet cannot
+                    # see it and may bury its topics as unserved.
+                    said = first_line(exc)
+                    if said != told:
+                        told = said
+                        log.error(
+                            "housekeeping failed: %s; this relay is not registered in the "
+                            "fleet and reports not ready until it works again",
+                            said,
+                        )
+                    else:
+                        log.debug("housekeeping failed again: %s", said)
+            else:
+                if self.housekeeping_failing and told is not None:
+                    log.info("housekeeping works again")
+                self.housekeeping_failing = False
+                told = None
             await self._sleep(interval)
 
     async def _hand_back(self) -> None:

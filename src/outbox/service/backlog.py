@@ -78,11 +78,15 @@ class Backlog:
 
     async def run(self, every: dt.timedelta) -> None:
         """Refresh every ``every`` until cancelled; a failing store is logged, not fatal."""
+        told = None
         while True:
             try:
                 await self.refresh(every)
+                told = None
             except Exception as exc:
-                log.warning("backlog refresh failed: %s", exc)
+                if str(exc) != told:  # once a cause, not once an interval
+                    told = str(exc)
+                    log.warning("backlog refresh failed: %s", exc)
             await anyio.sleep(every.total_seconds())
 
 

@@ -169,7 +169,9 @@ async def _serve(
         shutdown.relay = relay
 
         async def ready() -> bool:
-            if relay.stopping or not all(check() for check in checks):
+            if relay.stopping or relay.housekeeping_failing:
+                return False
+            if not all(check() for check in checks):
                 return False
             with anyio.move_on_after(2):
                 try:
