@@ -18,10 +18,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /dist/*.whl /tmp/
+COPY constraints.txt /tmp/
 # What the image runs (relays with every handler kind, the controller, psycopg's
-# binary build) and no embedded PostgreSQL: pods use OUTBOX_DATABASE_URL.
-RUN pip install --no-cache-dir "$(ls /tmp/*.whl)[relay,mail,webhook,nats,k8s,binary]" \
-    && rm -f /tmp/*.whl \
+# binary build) and no embedded PostgreSQL: pods use OUTBOX_DATABASE_URL. Every
+# dependency at the version constraints.txt pins.
+RUN pip install --no-cache-dir -c /tmp/constraints.txt \
+        "$(ls /tmp/*.whl)[relay,mail,webhook,nats,k8s,binary]" \
+    && rm -f /tmp/*.whl /tmp/constraints.txt \
     && groupadd --system --gid 10001 outbox \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin outbox
 USER 10001:10001

@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench manifests clean
+.PHONY: demo test lint bench manifests constraints clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("outbox-relay needs Python >= 3.11; run with PYTHON=python3.12 (or similar)" if sys.version_info < (3, 11) else 0)'
@@ -41,6 +41,15 @@ bench: $(STAMP)
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)
 	$(BIN)/python -m tests.chart.render
+
+## constraints: pin what the container image installs (constraints.txt), from a fresh venv
+constraints:
+	rm -rf $(VENV)-image
+	$(PYTHON) -m venv $(VENV)-image
+	$(VENV)-image/bin/python -m pip install --quiet --disable-pip-version-check '.[relay,mail,webhook,nats,k8s,binary]'
+	{ sed -n '/^#/p' constraints.txt; $(VENV)-image/bin/python -m pip freeze --exclude outbox-relay; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf $(VENV)-image
 
 clean:
 	rm -rf $(VENV) .outbox .mypy_cache .ruff_cache .pytest_cache

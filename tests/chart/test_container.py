@@ -55,7 +55,9 @@ def test_image_is_slim_pinned_non_root_and_runs_outbox() -> None:
     assert "embedded" not in extras, "the image leaves the 41 MB embedded PostgreSQL out"
     assert {"relay", "mail", "webhook", "nats", "k8s", "binary"} <= set(extras)
     copies = [i["value"] for i in final if i["instruction"] == "COPY"]
-    assert copies == ["--from=build /dist/*.whl /tmp/"], "the final image gets the wheel only"
+    assert copies == ["--from=build /dist/*.whl /tmp/", "constraints.txt /tmp/"], (
+        "the final image gets the wheel and its pins only"
+    )
     assert parser.baseimage.startswith("python:3.12")
     entry = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
     assert entry == ['["outbox"]']
@@ -85,3 +87,47 @@ def test_skaffold_builds_the_image_and_deploys_the_chart_for_dev() -> None:
     assert release["setValueTemplates"]["image.repository"] == f"{{{{.IMAGE_REPO_{image}}}}}"
     forwarded = {(p["resourceName"], p["port"]) for p in config["portForward"]}
     assert (f"{release['name']}-outbox-relay-metrics", 9090) in forwarded
+
+
+def test_the_image_installs_every_dependency_at_a_pinned_version() -> None:
+    import re
+    from importlib.metadata import requires
+
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"{line!r} is not pinned with =="
+            pinned[re.sub(r"[-_.]+", "-", name).lower()] = version
+    extras = {"relay", "mail", "webhook", "nats", "k8s", "binary"}
+    wanted = set()
+    for req in requires("outbox-relay") or []:
+        name = re.split(r"[\s\[<>=!;~]", req, maxsplit=1)[0]
+        marker = req.partition(";")[2]
+        extra = re.search(r"extra == [\"']([^\"']+)[\"']", marker)
+        if name != "outbox-relay" and (extra is None or extra[1] in extras):
+            wanted.add(re.sub(r"[-_.]+", "-", name).lower())
+    run = next(
+        i["value"]
+        for i in DockerfileParser(path=str(ROOT / "Dockerfile")).structure
+        if i["instruction"] == "RUN" and "pip install" in i["value"] and ".whl" in i["value"]
+    )
+
+    assert wanted <= pinned.keys(), f"not pinned: {sorted(wanted - pinned.keys())}"
+    assert "-c /tmp/constraints.txt" in run
+    assert "constraints.txt" in (ROOT / ".dockerignore").read_text()
+
+
+def test_a_digest_pins_the_image_over_its_tag() -> None:
+    from tests.chart.render import documents, render
+
+    digest = "sha256:" + "a" * 64
+    docs = documents(render({"image": {"digest": digest, "tag": "moved"}}))
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] in ("Deployment", "Job")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+
+    assert images == {f"ghcr.io/outbox-relay/outbox-relay@{digest}"}

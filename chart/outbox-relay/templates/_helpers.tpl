@@ -31,7 +31,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "outbox-relay.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{/* Whole seconds of a duration like 30s, 2m, 1m30s, 1h or plain seconds. */}}
