@@ -238,6 +238,39 @@ CLI = [
         2,
         "for handler nats: subject: ",
     ),
+    *(
+        (
+            ("topics", "set", "x", "--handler", "webhook", "--config", config),
+            {"OUTBOX_WEBHOOK_ALLOW": "https://billing.internal/"},
+            2,
+            complaint,
+        )
+        for config, complaint in [
+            (
+                '{"url": "https://billing.internal/h", "secret_env": "OUTBOX_DATABASE_URL"}',
+                "secret_env: String should match pattern",
+            ),
+            (
+                '{"url": "https://billing.internal/h", "headers": {"Content-Length": "0"}}',
+                "Content-Length must not be set from config",
+            ),
+            (
+                '{"url": "https://billing.internal/h", "headers": {"Authorization ": "x"}}',
+                "not an HTTP token",
+            ),
+            ('{"url": "https://u:p@billing.internal/h"}', "must not carry credentials"),
+            (
+                '{"url": "https://billing.internal.evil.example/h"}',
+                "not under OUTBOX_WEBHOOK_ALLOW",
+            ),
+        ]
+    ),
+    (
+        ("topics", "set", "x", "--handler", "nats", "--config", '{"subject": "$KV.flags.x"}'),
+        {},
+        2,
+        "the server's own",
+    ),
     (
         ("topics", "set", "x", "--handler", "log", "--config", '{"level": 3}'),
         {},

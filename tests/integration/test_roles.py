@@ -150,3 +150,44 @@ def test_a_relay_without_the_grants_to_register_says_so_once_and_is_not_ready(
     assert len(said) == 1, said
     assert "permission denied for table outbox_relays" in said[0]["message"]
     assert "Traceback" not in relay.log
+
+
+def test_a_pinned_schema_holds_the_tables_whatever_the_connections_search_path(
+    postgres_url: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    schema = f"t_pin_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        [(before,)] = conn.execute("SELECT to_regclass('public.outbox_messages')").fetchall()
+    pinned = {"OUTBOX_DATABASE_URL": postgres_url, "OUTBOX_DATABASE_SCHEMA": schema}
+    try:
+        missing = run_outbox("migrate", **{**pinned, "OUTBOX_DATABASE_SCHEMA": schema + "x"})
+        migrated = run_outbox("migrate", **pinned)
+        in_schema = make_conninfo(postgres_url, options=f"-c search_path={schema}")
+        with psycopg.connect(in_schema, autocommit=True) as app, app.transaction():
+            add_sync(app, new_message("orders.placed", {"n": 1}))
+        relay = RelayProcess(
+            tmp_path, OUTBOX_INTERVAL="100ms", OUTBOX_LOG_TOPICS="orders.placed", **pinned
+        )
+        relays.append(relay)
+        relay.wait_ready()
+        wait_until(
+            "the delivery",
+            lambda: count(in_schema, "SELECT count(*) FROM outbox_messages") == 0,
+        )
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            [(after,)] = conn.execute("SELECT to_regclass('public.outbox_messages')").fetchall()
+    finally:
+        for r in relays:
+            r.stop()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        f"outbox migrate: OUTBOX_DATABASE_SCHEMA: schema {schema}x does not exist (or this "
+        f"role may not use it); create it first: CREATE SCHEMA {schema}x AUTHORIZATION "
+        "<the role that runs migrate>"
+    )
+    assert migrated.returncode == 0, migrated.stderr
+    assert after == before, "nothing was created outside the pinned schema"

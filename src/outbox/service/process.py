@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.abc
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox.durations import format_duration
 from outbox.errors import ConfigError, OutboxError
@@ -57,6 +57,14 @@ class ForcedExit(OutboxError):
         self.exit_code = 128 + signum
 
 
+def pinned(url: str, schema: str | None) -> str:
+    """``url`` with search_path pinned to ``schema`` alone (None: as it is)."""
+    if schema is None:
+        return url
+    options = conninfo_to_dict(url).get("options") or ""
+    return make_conninfo(url, options=f"{options} -c search_path={schema}".strip())
+
+
 @asynccontextmanager
 async def database(
     settings: ServiceSettings, *, migrate_embedded: bool = True
@@ -68,6 +76,9 @@ async def database(
     if settings.database_url is not None:
         url = settings.database_url.get_secret_value()
         await _check_reachable(url)
+        if settings.database_schema is not None:
+            url = pinned(url, settings.database_schema)
+            await _check_schema(url, settings.database_schema)
         yield url
         return
     server = EmbeddedPostgres(settings.data_dir / "pgdata")
@@ -90,6 +101,18 @@ async def database(
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(server.stop)
         log.info("embedded PostgreSQL stopped")
+
+
+async def _check_schema(url: str, schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
+        cur = await c.execute("SELECT current_schema()")
+        row = await cur.fetchone()
+    if not row or row[0] != schema:
+        raise ConfigError(
+            "OUTBOX_DATABASE_SCHEMA",
+            f"schema {schema} does not exist (or this role may not use it); create it "
+            f"first: CREATE SCHEMA {schema} AUTHORIZATION <the role that runs migrate>",
+        )
 
 
 async def _check_reachable(url: str) -> None:

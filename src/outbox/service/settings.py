@@ -59,6 +59,16 @@ class ServiceSettings(BaseSettings):
             "embedded PostgreSQL under OUTBOX_DATA_DIR."
         ),
     )
+    database_schema: str | None = Field(
+        default=None,
+        pattern=r"^[a-z_][a-z0-9_]*$",
+        max_length=63,
+        description=(
+            "The schema of the outbox tables. Set: every connection of the process has "
+            "search_path pinned to it alone, so no other schema (a role-named one, say) "
+            "can shadow them. Unset: the connection's own search_path."
+        ),
+    )
     data_dir: Path = Field(
         default=Path(".outbox"),
         description="Where the embedded PostgreSQL keeps its data (without OUTBOX_DATABASE_URL).",

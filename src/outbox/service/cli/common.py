@@ -19,7 +19,7 @@ from outbox.postgres import PostgresStore, connect_pool
 from outbox.service import admin, logs
 from outbox.service.settings import ServiceSettings, load, variables
 
-DATABASE = ("OUTBOX_DATABASE_URL", "OUTBOX_DATA_DIR")
+DATABASE = ("OUTBOX_DATABASE_URL", "OUTBOX_DATABASE_SCHEMA", "OUTBOX_DATA_DIR")
 LOGS = ("OUTBOX_LOG_LEVEL", "OUTBOX_LOG_FORMAT")
 
 
