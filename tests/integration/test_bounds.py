@@ -21,6 +21,21 @@ def peak_rss_mib(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+def start(relays: list[RelayProcess], tmp_path: Path, db: str, **env: str) -> RelayProcess:
+    relay = RelayProcess(tmp_path, OUTBOX_DATABASE_URL=db, OUTBOX_INTERVAL="100ms", **env)
+    relays.append(relay)
+    relay.wait_ready()
+    return relay
+
+
+def until_none_pending(db: str, timeout: float) -> None:
+    wait_until(
+        "every message buried",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NULL") == 0,
+        timeout=timeout,
+    )
+
+
 def test_a_typo_of_200k_messages_is_buried_in_batches_in_bounded_memory(
     db: str, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
@@ -31,21 +46,11 @@ def test_a_typo_of_200k_messages_is_buried_in_batches_in_bounded_memory(
         " 'billing.invoce' END, '{\"code\": \"493817\"}', now(), now()"
         " FROM generate_series(1, 200000) AS n",
     )
-    relay = RelayProcess(
-        tmp_path,
-        OUTBOX_DATABASE_URL=db,
-        OUTBOX_INTERVAL="100ms",
-        OUTBOX_UNSERVED_GRACE="1s",
-        OUTBOX_LOG_TOPICS="orders.placed",
+    relay = start(
+        relays, tmp_path, db, OUTBOX_UNSERVED_GRACE="1s", OUTBOX_LOG_TOPICS="orders.placed"
     )
-    relays.append(relay)
-    relay.wait_ready()
 
-    wait_until(
-        "every message buried",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NULL") == 0,
-        timeout=120,
-    )
+    until_none_pending(db, timeout=120)
 
     assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2
     lines = [r for r in relay.log_records() if "buried" in r["message"]]
@@ -68,21 +73,15 @@ def test_topics_producers_invent_never_become_label_values(
         " SELECT gen_random_uuid(), 'orders.customer-' || n || '.placed', '{}', now(), now()"
         " FROM generate_series(1, 20000) AS n",
     )
-    relay = RelayProcess(
+    relay = start(
+        relays,
         tmp_path,
-        OUTBOX_DATABASE_URL=db,
-        OUTBOX_INTERVAL="100ms",
+        db,
         OUTBOX_UNSERVED_GRACE="1s",
         OUTBOX_BACKLOG_INTERVAL="1s",
         OUTBOX_LOG_TOPICS="orders.placed",
     )
-    relays.append(relay)
-    relay.wait_ready()
-    wait_until(
-        "every message buried",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NULL") == 0,
-        timeout=60,
-    )
+    until_none_pending(db, timeout=60)
 
     def scraped() -> str:
         return relay.get("/metrics")[1]
@@ -115,20 +114,14 @@ def test_large_payloads_in_flight_stay_within_the_byte_budget(
         " json_build_object('blob', repeat('x', 1048000)), now(), now()"
         " FROM generate_series(1, 60)",
     )
-    relay = RelayProcess(
+    relay = start(
+        relays,
         tmp_path,
-        OUTBOX_DATABASE_URL=db,
-        OUTBOX_INTERVAL="100ms",
+        db,
         OUTBOX_HANDLERS="tests.integration.recording:handlers",
         RECORDING_DELAY="0.2",
     )
-    relays.append(relay)
-    relay.wait_ready()
-    wait_until(
-        "every message delivered",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
-        timeout=90,
-    )
+    until_none_pending(db, timeout=90)
 
     # 80 slots would hold 60 MiB of payloads; OUTBOX_IN_FLIGHT_BYTES (32 MiB) holds half.
     assert peak_rss_mib(relay.pid) < CHART_LIMIT_MIB / 2
