@@ -202,3 +202,23 @@ def test_an_allowlist_limits_subjects_by_whole_tokens() -> None:
     for subject in ("ordersx.placed", "billing.eventsx", "shipping.sent"):
         with pytest.raises(ValueError, match="not under OUTBOX_NATS_ALLOW"):
             kinds["nats"]({"subject": subject})
+
+
+def test_without_the_nats_client_only_nats_topics_are_refused(tmp_path: Path) -> None:
+    from tests.integration.process import REPO, run_outbox
+
+    # The relay extra alone: importing the NATS client fails.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['nats'] = None\n")
+    without = {"PYTHONPATH": f"{tmp_path}:{REPO}"}
+
+    schema = run_outbox("migrate", "--sql", **without)
+    bound = run_outbox(
+        "topics", "set", "x", "--handler", "nats", "--config", '{"subject": "orders.x"}', **without
+    )
+
+    assert schema.returncode == 0, schema.stderr
+    assert bound.returncode == 2
+    assert bound.stderr.strip() == (
+        "outbox topics set: --config: for handler nats: "
+        "the nats handler kind needs outbox-relay[nats] installed"
+    )

@@ -13,14 +13,9 @@ OUTBOX_NATS_ALLOW narrows the rest to the prefixes the deployer lists.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import nats
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.js import JetStreamContext
 from pydantic import BaseModel, ConfigDict, Field
 
 from outbox.handlers.allow import check_subject
@@ -28,6 +23,10 @@ from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
 from outbox.relay.routing import Handler
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
 
 __all__ = ["NatsConfig", "NatsKind"]
 
@@ -52,6 +51,12 @@ class NatsKind:
     def __call__(self, config: Mapping[str, Any]) -> Handler:
         cfg = parse_config(NatsConfig, config)
         check_subject(cfg.subject, self.settings.subjects())
+        # The client is an extra: a relay without it runs, and refuses only
+        # the topics that name this kind.
+        try:
+            import nats.js.errors
+        except ImportError:
+            raise ValueError("the nats handler kind needs outbox-relay[nats] installed") from None
 
         async def publish(m: Message) -> None:
             js = await self._jetstream()
@@ -74,6 +79,8 @@ class NatsKind:
             self._lock = anyio.Lock()
         async with self._lock:
             if self._client is None or self._client.is_closed:
+                import nats
+
                 s = self.settings
                 self._client = await nats.connect(
                     servers=s.servers(),
