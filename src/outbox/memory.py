@@ -11,6 +11,7 @@ writes, which is what makes concurrent claims exclusive here.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as dt
 import uuid
@@ -267,6 +268,10 @@ class MemoryStore:
         now = now or self.clock()
         live = [r for r in self._relays.values() if r.expires_at and r.expires_at > now]
         return sorted(live, key=lambda r: (r.started_at or now, r.id))
+
+    async def wakeups(self, wake: Callable[[frozenset[str] | None], None]) -> None:
+        # No signal in one process: the relay's poll is the floor, as designed.
+        await asyncio.get_running_loop().create_future()
 
     async def bury_unserved(
         self,

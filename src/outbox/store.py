@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from outbox.message import Message
@@ -148,6 +148,11 @@ class Producer(Protocol[Tx_contra]):
 
 class RelayStore(Protocol):
     """What a relay needs: claims, fenced write-backs, the fleet table, the registry."""
+
+    async def wakeups(self, wake: Callable[[frozenset[str] | None], None]) -> None:
+        """Call ``wake(topics)`` (None: any topic) as messages are committed, until
+        cancelled; a store with no such signal just waits (the relay polls)."""
+        ...
 
     async def claim(
         self,

@@ -237,3 +237,29 @@ def test_a_failing_notify_is_swallowed_and_handed_back() -> None:
 def test_payloads(topics: Collection[str], payload: str, back: set[str] | None) -> None:
     assert encode_topics(frozenset(topics)) == payload
     assert decode_topics(payload) == (frozenset(back) if back is not None else None)
+
+
+async def test_a_relay_run_from_a_library_is_woken_by_a_commit(pg_store: PostgresStore) -> None:
+    got: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        got.append(m)
+
+    relay = Relay(
+        pg_store,
+        {"orders.placed": handle},
+        RelayConfig.model_validate({"interval": "60s"}),
+        registry=CollectorRegistry(),
+    )
+    m = new_message("orders.placed", {"n": 1})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relay.run)
+        await anyio.sleep(0.5)  # a real LISTEN connection comes up; the first poll finds nothing
+        async with pg_store.begin() as tx:  # notifies after the commit
+            await pg_store.add(tx, m)
+        with anyio.fail_after(5):  # a minute before the next poll
+            while not got:  # noqa: ASYNC110 - the handler has no event of its own
+                await anyio.sleep(0.01)
+        relay.stop()
+
+    assert [g.id for g in got] == [m.id]

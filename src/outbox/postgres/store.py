@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, LiteralString
 
@@ -126,8 +126,12 @@ def claim_params(
 class PostgresStore:
     """A Store over a psycopg AsyncConnectionPool."""
 
-    def __init__(self, pool: psycopg_pool.AsyncConnectionPool) -> None:
+    def __init__(
+        self, pool: psycopg_pool.AsyncConnectionPool, *, listen_url: str | None = None
+    ) -> None:
         self.pool = pool
+        self.listen_url = listen_url
+        """Where wakeups() LISTENs; None: the pool's own conninfo."""
 
     @asynccontextmanager
     async def _translated(self) -> AsyncIterator[None]:
@@ -289,6 +293,16 @@ class PostgresStore:
             RelayInfo(r[0], r[1], r[2], r[3], tuple(r[4]), tuple(r[5]), *r[6:])
             for r in await self._fetch(_RELAY_LIST, {"now": now})
         ]
+
+    async def wakeups(self, wake: Callable[[frozenset[str] | None], None]) -> None:
+        # LISTEN needs a session of its own, outside the pool.
+        from outbox.postgres.listen import listen
+
+        url = self.listen_url or self.pool.conninfo
+        if isinstance(url, str):
+            await listen(url, wake)
+        else:  # a pool whose conninfo is computed: no wake-ups, polling only
+            await anyio.sleep_forever()
 
     async def bury_unserved(
         self,

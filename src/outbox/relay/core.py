@@ -228,6 +228,10 @@ class Relay(Delivering):
                 tg.start_soon(self.settler.run)
                 housekeeping = anyio.CancelScope()
                 tg.start_soon(self._housekeeping, housekeeping)
+                # Wake-ups after commit, for a relay run from a library as from
+                # `outbox relay`; polling stays the floor.
+                listening = anyio.CancelScope()
+                tg.start_soon(self._listen, listening)
                 await self._feed(tg)
                 await self._until(lambda: self._workers == 0)
                 self.settler.close()  # its run() returns once it wrote what is queued
@@ -236,10 +240,18 @@ class Relay(Delivering):
                 with anyio.move_on_after(_HOUSEKEEPING_GRACE):
                     await self._until(lambda: self._housekeeping_done)
                 housekeeping.cancel()
+                listening.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()
         log.info("relay stopped claiming")
+
+    async def _listen(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            try:
+                await self.store.wakeups(self.wake)
+            except Exception:
+                log.exception("wake-ups stopped; polling goes on")
 
     async def _feed(self, tg: anyio.abc.TaskGroup) -> None:
         cfg = self.config

@@ -23,7 +23,6 @@ from outbox.durations import format_duration
 from outbox.errors import ConfigError, OutboxError
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
-from outbox.postgres.listen import listen
 from outbox.relay import Handler, Relay
 from outbox.relay.core import STORE_WAIT
 from outbox.service.backlog import Backlog
@@ -215,7 +214,6 @@ async def _serve(
                     f"{settings.http_port}: {exc.strerror or exc}"
                 ) from None
             tg.start_soon(Backlog(store, label=relay.metrics.label).run, settings.backlog_interval)
-            tg.start_soon(listen, url, relay.wake)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",
                 ",".join(sorted(handlers)),
