@@ -221,3 +221,21 @@ async def test_two_relays_of_many_topics_claim_each_message_once(
 
     assert not set(seen[0]) & set(seen[1])
     assert len(seen[0]) + len(seen[1]) == len(served) * 10
+
+
+async def test_pool_connections_detect_a_dead_peer_unless_the_url_says_otherwise(
+    pg_conninfo: str,
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    own = make_conninfo(pg_conninfo, keepalives_idle="30")
+    async with connect_pool(own, max_size=1) as pool, pool.connection() as conn:
+        used = conninfo_to_dict(conn.info.dsn)
+
+    assert (used["keepalives"], used["keepalives_interval"], used["keepalives_count"]) == (
+        "1",
+        "2",
+        "3",
+    )
+    assert used["tcp_user_timeout"] == "10000"
+    assert used["keepalives_idle"] == "30"  # the URL's own value wins

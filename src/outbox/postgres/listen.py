@@ -8,7 +8,9 @@ from collections.abc import Callable
 import anyio
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
+from outbox.postgres.store import keepalives
 from outbox.wake import CHANNEL, decode_topics
 
 __all__ = ["listen"]
@@ -33,7 +35,9 @@ async def listen(
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(
-                url, autocommit=True, connect_timeout=connect_timeout
+                make_conninfo(url, **keepalives(url)),
+                autocommit=True,
+                connect_timeout=connect_timeout,
             ) as conn:
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                 if down:

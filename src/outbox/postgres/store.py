@@ -16,6 +16,7 @@ from typing import Any, LiteralString
 import anyio
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from outbox.durations import format_duration
@@ -73,7 +74,7 @@ _BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 def connect_pool(
     conninfo: str, *, min_size: int = 1, max_size: int = 4, **kwargs: Any
 ) -> psycopg_pool.AsyncConnectionPool:
-    """An unopened pool whose connections suit the store (autocommit).
+    """An unopened pool whose connections suit the store (autocommit, dead-peer detection).
 
     In autocommit each relay statement is one round trip; ``begin()`` still
     opens a real transaction. Open it with ``async with connect_pool(...) as pool``.
@@ -82,10 +83,31 @@ def connect_pool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **keepalives(conninfo)},
         open=False,
         **kwargs,
     )
+
+
+KEEPALIVES = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+"""libpq's dead-peer detection: a server that vanishes without a reset (a network
+partition, a failed-over host) is given up on within about 10 s instead of after
+TCP's retransmission backoff (minutes), so a relay resumes soon after the heal."""
+
+
+def keepalives(conninfo: str) -> dict[str, str]:
+    """KEEPALIVES less what ``conninfo`` sets itself (its own values win)."""
+    try:
+        given = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return {}  # the connection attempt says what is wrong with it
+    return {k: v for k, v in KEEPALIVES.items() if k not in given}
 
 
 BY_TOPIC = 32
