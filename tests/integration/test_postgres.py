@@ -231,6 +231,10 @@ async def test_pool_connections_detect_a_dead_peer_unless_the_url_says_otherwise
     own = make_conninfo(pg_conninfo, keepalives_idle="30")
     async with connect_pool(own, max_size=1) as pool, pool.connection() as conn:
         used = conninfo_to_dict(conn.info.dsn)
+        # Nothing prepared on the server: safe behind a transaction pooler.
+        assert conn.prepare_threshold is None
+    async with connect_pool(own, max_size=1, prepare=True) as pool, pool.connection() as conn:
+        assert conn.prepare_threshold == 5
 
     assert (used["keepalives"], used["keepalives_interval"], used["keepalives_count"]) == (
         "1",

@@ -72,18 +72,30 @@ _BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 
 
 def connect_pool(
-    conninfo: str, *, min_size: int = 1, max_size: int = 4, **kwargs: Any
+    conninfo: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 4,
+    prepare: bool = False,
+    **kwargs: Any,
 ) -> psycopg_pool.AsyncConnectionPool:
     """An unopened pool whose connections suit the store (autocommit, dead-peer detection).
 
     In autocommit each relay statement is one round trip; ``begin()`` still
     opens a real transaction. Open it with ``async with connect_pool(...) as pool``.
+    No statement is prepared on the server unless ``prepare`` says so: behind a
+    transaction pooler every client names its prepared statements alike, and
+    the next transaction may run on a server connection that has another's.
     """
     return psycopg_pool.AsyncConnectionPool(
         conninfo,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, **keepalives(conninfo)},
+        kwargs={
+            "autocommit": True,
+            "prepare_threshold": 5 if prepare else None,
+            **keepalives(conninfo),
+        },
         open=False,
         **kwargs,
     )

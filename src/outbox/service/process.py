@@ -183,7 +183,13 @@ async def _serve(
 ) -> None:
     # A short wait for a connection: during an outage every store call fails
     # within seconds (and says so), and SIGTERM is not held up by it.
-    pool = connect_pool(url, min_size=1, max_size=settings.pool_size, timeout=STORE_WAIT)
+    pool = connect_pool(
+        url,
+        min_size=1,
+        max_size=settings.pool_size,
+        prepare=settings.prepared_statements,
+        timeout=STORE_WAIT,
+    )
     async with pool:
         store = PostgresStore(pool)
         kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))

@@ -76,6 +76,13 @@ class ServiceSettings(BaseSettings):
     pool_size: int = Field(
         default=4, ge=1, le=200, description="Most database connections one process opens."
     )
+    prepared_statements: bool = Field(
+        default=False,
+        description=(
+            "Prepare the relay's statements on the server (psycopg, after 5 runs). Off: "
+            "safe behind a transaction pooler; see BENCHMARKS.md for what it is worth."
+        ),
+    )
     max_payload: str = Field(
         default="1MiB",
         pattern=r"^\d+\s*(|b|B|KiB|kib|MiB|mib)$",
