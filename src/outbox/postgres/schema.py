@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from typing import Any, LiteralString
 
@@ -76,6 +77,15 @@ WHERE l.pid <> pg_backend_pid() AND l.granted
        AND ((l.classid::bigint << 32) | l.objid::bigint) = %s::bigint))
 ORDER BY 1
 LIMIT 5
+"""
+# Whether this session holds the migration lock (it does, unless a pooler
+# ran the statement that took it in another session).
+_HELD: LiteralString = """
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+      AND ((classid::bigint << 32) | objid::bigint) = %s::bigint
+)
 """
 # Outbox objects of the migration's schema that the migrating role does not own.
 _FOREIGN: LiteralString = """
@@ -144,18 +154,49 @@ async def migrate(
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
         finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            cur = await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                log.error("the migration lock was not held at the end: %s", _POOLED)
     return applied
+
+
+_POOLED = (
+    "this connection's statements run in different server sessions (a transaction "
+    "pooler, like PgBouncer with pool_mode=transaction, sits in between), and migrating "
+    "needs a session of its own: give migrate a direct or session-mode URL"
+)
+
+
+async def _session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a connection whose consecutive statements run in different sessions.
+
+    The migration lock is a session's, and index builds run outside a
+    transaction: behind a transaction pooler the lock would be taken on one
+    server connection and left there, held, for the next migrate to wait on.
+    """
+    token = secrets.token_hex(8)
+    for _ in range(3):
+        await conn.execute("SELECT set_config('outbox.session', %s, false)", (token,))
+        cur = await conn.execute("SELECT current_setting('outbox.session', true)")
+        row = await cur.fetchone()
+        if not row or row[0] != token:
+            raise MigrationRefused(_POOLED)
 
 
 async def _lock(conn: psycopg.AsyncConnection[Any], wait: float) -> None:
     """Take the migration lock within ``wait`` seconds, saying once that it waits."""
+    await _session(conn)
     started = time.monotonic()
     told = False
     while True:
         cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
         row = await cur.fetchone()
         if row and row[0]:
+            cur = await conn.execute(_HELD, (_LOCK_KEY,))
+            held = await cur.fetchone()
+            if not held or not held[0]:
+                raise MigrationRefused(_POOLED)
             return
         waited = time.monotonic() - started
         if waited >= wait:
