@@ -18,8 +18,9 @@ from outbox.postgres.producer import (
 )
 
 if TYPE_CHECKING:
+    from outbox.postgres.pool import connect_pool
     from outbox.postgres.schema import migrate, migrations_sql, pending
-    from outbox.postgres.store import PostgresStore, connect_pool
+    from outbox.postgres.store import PostgresStore
 
 __all__ = [
     "PostgresStore",
@@ -37,7 +38,7 @@ __all__ = [
 
 _LAZY = {
     "PostgresStore": "outbox.postgres.store",
-    "connect_pool": "outbox.postgres.store",
+    "connect_pool": "outbox.postgres.pool",
     "migrate": "outbox.postgres.schema",
     "migrations_sql": "outbox.postgres.schema",
     "pending": "outbox.postgres.schema",

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from outbox.postgres.store import keepalives
+from outbox.postgres.pool import keepalives
 from outbox.wake import CHANNEL, decode_topics
 
 __all__ = ["listen"]

@@ -16,12 +16,13 @@ from typing import Any, LiteralString
 import anyio
 import psycopg
 import psycopg_pool
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
 from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message, validate_topic
+from outbox.postgres.claims import BY_TOPIC, claim_params
+from outbox.postgres.pool import connect_pool, keepalives
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
@@ -36,7 +37,7 @@ from outbox.store import (
     message_ids,
 )
 
-__all__ = ["PostgresStore", "connect_pool"]
+__all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepalives"]
 
 _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
@@ -69,92 +70,6 @@ _BURIED_COUNT = QUERIES["buried_count"]
 # One sweeper at a time across every relay sharing the database.
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
 _BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
-
-
-def connect_pool(
-    conninfo: str,
-    *,
-    min_size: int = 1,
-    max_size: int = 4,
-    prepare: bool = False,
-    **kwargs: Any,
-) -> psycopg_pool.AsyncConnectionPool:
-    """An unopened pool whose connections suit the store (autocommit, dead-peer detection).
-
-    In autocommit each relay statement is one round trip; ``begin()`` still
-    opens a real transaction. Open it with ``async with connect_pool(...) as pool``.
-    No statement is prepared on the server unless ``prepare`` says so: behind a
-    transaction pooler every client names its prepared statements alike, and
-    the next transaction may run on a server connection that has another's.
-    """
-    return psycopg_pool.AsyncConnectionPool(
-        conninfo,
-        min_size=min_size,
-        max_size=max_size,
-        kwargs={
-            "autocommit": True,
-            "prepare_threshold": 5 if prepare else None,
-            **keepalives(conninfo),
-        },
-        open=False,
-        **kwargs,
-    )
-
-
-KEEPALIVES = {
-    "keepalives": "1",
-    "keepalives_idle": "5",
-    "keepalives_interval": "2",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "10000",
-}
-"""libpq's dead-peer detection: a server that vanishes without a reset (a network
-partition, a failed-over host) is given up on within about 10 s instead of after
-TCP's retransmission backoff (minutes), so a relay resumes soon after the heal."""
-
-
-def keepalives(conninfo: str) -> dict[str, str]:
-    """KEEPALIVES less what ``conninfo`` sets itself (its own values win)."""
-    try:
-        given = conninfo_to_dict(conninfo)
-    except psycopg.Error:
-        return {}  # the connection attempt says what is wrong with it
-    return {k: v for k, v in KEEPALIVES.items() if k not in given}
-
-
-BY_TOPIC = 32
-"""Claims for at most this many topics read the claim index topic by topic."""
-
-
-def claim_params(
-    now: dt.datetime | None,
-    lease: dt.timedelta,
-    limit: int,
-    token: uuid.UUID | None,
-    *,
-    topics: Collection[str] | None = None,
-    caps: Mapping[str, int] | None = None,
-    isolate: bool = False,
-    solo: bool = False,
-    max_bytes: int | None = None,
-) -> dict[str, Any]:
-    """The message_claim statement's parameters for PostgresStore.claim's arguments."""
-    capped = {t: n for t, n in (caps or {}).items() if n > 0}
-    return {
-        "now": now,
-        "lease": lease,
-        "limit": limit,
-        "token": token,
-        # Joined: one text parameter, not an array of each topic (see the statement).
-        "topics": None if topics is None else ",".join(topics),
-        # A few topics: read each topic's front, never another topic's backlog.
-        "by_topic": topics is not None and 0 < len(topics) <= BY_TOPIC,
-        "capped": list(capped),
-        "caps": list(capped.values()),
-        "isolate": isolate,
-        "solo": solo,
-        "max_bytes": max_bytes,
-    }
 
 
 class PostgresStore:

@@ -34,11 +34,12 @@ import anyio.lowlevel
 from prometheus_client import CollectorRegistry
 
 from outbox.clock import Clock, system_clock
-from outbox.errors import StoreUnavailable, first_line
+from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
 from outbox.relay.config import RelayConfig
 from outbox.relay.deliver import Delivering
 from outbox.relay.fleet import Fleet
+from outbox.relay.housekeeping import Housekeeping
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
 from outbox.relay.settle import Held, Settler
@@ -60,7 +61,7 @@ STORE_WAIT = 5.0
 so): a store call during an outage fails within this."""
 
 
-class Relay(Delivering):
+class Relay(Delivering, Housekeeping):
     """Delivers due messages from ``store`` to the handler for each topic.
 
     ``clock`` None (production): the store's time (the database's ``now()``)
@@ -190,27 +191,6 @@ class Relay(Delivering):
             handled += await self._deliver_orphan()
         return handled
 
-    async def housekeep(self, *, force: bool = False) -> None:
-        """Read the registry, refresh this relay's registration and sweep, as each is due."""
-        now = self._local()
-        if force or self._routes_at is None or now >= self._routes_at:
-            await self.refresh_topics()
-        if force or self._beat_at is None or now >= self._beat_at:
-            await self.fleet.heartbeat()
-            self._beat_at = now + self.config.interval
-        if force or self._sweep_at is None or now >= self._sweep_at:
-            await self.fleet.sweep()
-            self._sweep_at = now + self.fleet.sweep_every
-
-    async def refresh_topics(self) -> None:
-        """Read the topic registry now (housekeeping does it at most once an interval)."""
-        entries = await self.store.topics()
-        self.router.update(entries)
-        self._routes_at = self._local() + self.config.interval
-        # Labels are the topics this relay serves or the registry names; what
-        # producers invent beyond them counts under one label.
-        self.metrics.label_topics(self.router.served | entries.keys())
-
     # -- the continuous pipeline -------------------------------------------------
 
     async def run(self) -> None:
@@ -245,13 +225,6 @@ class Relay(Delivering):
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()
         log.info("relay stopped claiming")
-
-    async def _listen(self, scope: anyio.CancelScope) -> None:
-        with scope:
-            try:
-                await self.store.wakeups(self.wake)
-            except Exception:
-                log.exception("wake-ups stopped; polling goes on")
 
     async def _feed(self, tg: anyio.abc.TaskGroup) -> None:
         cfg = self.config
@@ -350,47 +323,6 @@ class Relay(Delivering):
         elif want == self._claim_size:
             self._claim_size = min(2 * want, self.slots)
         return short
-
-    async def _housekeeping(self, scope: anyio.CancelScope) -> None:
-        """Registry, registration and sweep, every interval, apart from claiming."""
-        with scope:
-            try:
-                await self._housekeep_until_stopped()
-            finally:
-                self._housekeeping_done = True
-                self._signal()
-
-    async def _housekeep_until_stopped(self) -> None:
-        interval = self.config.interval.total_seconds()
-        told: str | None = None
-        while not self._stopping:
-            try:
-                await self.housekeep()
-            except Exception as exc:
-                self.housekeeping_failing = True
-                if isinstance(exc, StoreUnavailable):
-                    self.metrics.database_up.set(0)
-                    log.debug("housekeeping failed: %s", exc)  # the feeder says it once
-                else:
-                    # Said once a cause (a missing grant fails every interval):
-                    # the relay is not ready meanwhile, since the fleet cannot
-                    # see it and may bury its topics as unserved.
-                    said = first_line(exc)
-                    if said != told:
-                        told = said
-                        log.error(
-                            "housekeeping failed: %s; this relay is not registered in the "
-                            "fleet and reports not ready until it works again",
-                            said,
-                        )
-                    else:
-                        log.debug("housekeeping failed again: %s", said)
-            else:
-                if self.housekeeping_failing and told is not None:
-                    log.info("housekeeping works again")
-                self.housekeeping_failing = False
-                told = None
-            await self._sleep(interval)
 
     async def _hand_back(self) -> None:
         """Ack what was delivered, release what is unfinished, leave the fleet."""
