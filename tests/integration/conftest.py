@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import Iterator
 
 import anyio
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from outbox.postgres import migrate
 from tests.integration import recording
@@ -30,3 +34,16 @@ def relays() -> Iterator[list[RelayProcess]]:
         if relay.proc.poll() is None:
             relay.signal(signal.SIGCONT)
         relay.stop()
+
+
+@pytest.fixture
+def scratch_db(postgres_url: str) -> Iterator[str]:
+    """A database of its own (behind a pooler, a search_path cannot be set per test)."""
+    name = f"outbox_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(postgres_url, dbname=name)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,3 +66,20 @@ def pgbouncer(postgres_url: str, *, pool_mode: str = "transaction") -> Iterator[
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def warm(url: str, servers: int = 3) -> None:
+    """Leave ``servers`` server connections idle in the pool: PgBouncer then hands
+    them out in turn, so one client's consecutive transactions land in turn."""
+    barrier = threading.Barrier(servers)
+
+    def hold() -> None:
+        with psycopg.connect(url, prepare_threshold=None) as conn:
+            conn.execute("SELECT 1")  # in a transaction: a server connection of its own
+            barrier.wait(10)
+
+    threads = [threading.Thread(target=hold) for _ in range(servers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)

@@ -5,13 +5,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import anyio
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from outbox import new_message
 from outbox.postgres import add_sync, migrate
@@ -86,40 +83,14 @@ def test_migrate_waits_for_another_run_only_as_long_as_told(pg_conninfo: str) ->
     )
 
 
-@pytest.fixture
-def scratch_db(postgres_url: str) -> Iterator[str]:
-    """A database of its own (behind a pooler, a search_path cannot be set per test)."""
-    name = f"outbox_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(postgres_url, dbname=name)
-    finally:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
 @pytest.mark.parametrize("pool_mode", ["transaction", "session"])
 def test_behind_a_transaction_pooler_migrate_refuses_before_it_locks_anything(
     scratch_db: str, pool_mode: str
 ) -> None:
-    from tests.integration.pooler import pgbouncer
+    from tests.integration.pooler import pgbouncer, warm
 
     with pgbouncer(scratch_db, pool_mode=pool_mode) as pooled:
-        # Three server connections, idle: PgBouncer hands them out in turn
-        # (server_round_robin), so one client's statements land in turn.
-        barrier = threading.Barrier(3)
-
-        def hold() -> None:
-            with psycopg.connect(pooled, prepare_threshold=None) as conn:
-                conn.execute("SELECT 1")  # in a transaction: a server connection of its own
-                barrier.wait(10)
-
-        warm = [threading.Thread(target=hold) for _ in range(3)]
-        for t in warm:
-            t.start()
-        for t in warm:
-            t.join(10)
+        warm(pooled)
         result = run_outbox("migrate", "--wait", "5s", OUTBOX_DATABASE_URL=pooled)
 
     tables = count(scratch_db, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'outbox%'")

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.memory import MemoryStore
-from outbox.postgres import PostgresStore, add_sync, connect_pool, producer
+from outbox.postgres import PostgresStore, add_sync, connect_pool, migrate, producer
 from outbox.store import Claimed
 from outbox.wake import WAKE_WINDOW, WAKES, Wakes, decode_topics, encode_topics
 from tests.integration import recording
@@ -263,3 +263,36 @@ async def test_a_relay_run_from_a_library_is_woken_by_a_commit(pg_store: Postgre
         relay.stop()
 
     assert [g.id for g in got] == [m.id]
+
+
+@pytest.mark.parametrize("direct_listener", [False, True])
+def test_behind_a_transaction_pooler_a_relay_says_wake_ups_are_off_or_listens_past_it(
+    scratch_db: str, relays: list[RelayProcess], tmp_path: Path, direct_listener: bool
+) -> None:
+    from tests.integration.pooler import pgbouncer, warm
+
+    anyio.run(migrate, scratch_db)
+    with pgbouncer(scratch_db) as pooled:
+        warm(pooled)
+        listen = {"OUTBOX_LISTEN_URL": scratch_db} if direct_listener else {}
+        relay = RelayProcess(
+            tmp_path,
+            OUTBOX_DATABASE_URL=pooled,
+            OUTBOX_INTERVAL="60s" if direct_listener else "200ms",
+            OUTBOX_LOG_TOPICS="orders.placed",
+            **listen,
+        )
+        relays.append(relay)
+        relay.wait_ready()
+        time.sleep(1.5)  # the listener's probe waits a second, in a real process
+        with psycopg.connect(scratch_db) as conn, producer.transaction_sync(conn):
+            add_sync(conn, new_message("orders.placed", {"n": 1}))
+        wait_until(
+            "the delivery",
+            lambda: count(scratch_db, "SELECT count(*) FROM outbox_messages") == 0,
+            timeout=10,
+        )
+        relay.stop()
+
+    off = [r for r in relay.log_records() if r["message"].startswith("wake-ups are off")]
+    assert len(off) == (0 if direct_listener else 1)

@@ -191,7 +191,8 @@ async def _serve(
         timeout=STORE_WAIT,
     )
     async with pool:
-        store = PostgresStore(pool)
+        listen_url = settings.listen_url.get_secret_value() if settings.listen_url else None
+        store = PostgresStore(pool, listen_url=listen_url)
         kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))
         relay = Relay(store, handlers, config, kinds=kinds.mapping)
         shutdown.relay = relay

@@ -59,6 +59,14 @@ class ServiceSettings(BaseSettings):
             "embedded PostgreSQL under OUTBOX_DATA_DIR."
         ),
     )
+    listen_url: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Where a relay LISTENs for wake-ups, when OUTBOX_DATABASE_URL goes through a "
+            "transaction pooler: a direct or session-mode URL to the same database. Unset: "
+            "OUTBOX_DATABASE_URL."
+        ),
+    )
     database_schema: str | None = Field(
         default=None,
         pattern=r"^[a-z_][a-z0-9_]*$",

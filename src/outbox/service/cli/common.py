@@ -161,8 +161,10 @@ def hide_secrets(settings: ServiceSettings) -> None:
 
     from outbox.service.settings import NatsSettings, SmtpSettings
 
-    if settings.database_url is not None:
-        url = settings.database_url.get_secret_value()
+    for secret in (settings.database_url, settings.listen_url):
+        if secret is None:
+            continue
+        url = secret.get_secret_value()
         try:
             params = conninfo_to_dict(url)
             logs.hide(str(params.get("password") or ""))
