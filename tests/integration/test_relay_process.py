@@ -313,3 +313,19 @@ def test_an_outage_longer_than_the_liveness_deadline_restarts_nothing(
         second.wait_ready()
         wait_until("the outbox to empty", lambda: outbox_empty(url), timeout=60)
         assert set(deliveries(url)) == set(ids), "a message was lost"
+
+
+def test_a_listen_url_that_fails_says_so_without_its_password(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_LISTEN_URL="postgresql://outbox:hunter3-secret@127.0.0.1:1/x?connect_timeout=1",
+        OUTBOX_LOG_TOPICS="orders.placed",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    wait_until("the listener to give up", lambda: "wake-ups lost" in relay.log, timeout=15)
+
+    assert "hunter3" not in relay.log
