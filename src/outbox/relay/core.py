@@ -100,9 +100,9 @@ class Relay(Delivering, Housekeeping):
         self._lease = cfg.lease.total_seconds()
         self._held: dict[Any, Held] = {}
         self._held_bytes = 0
+        """Payload bytes of the messages in ``_held``."""
         self.housekeeping_failing = False
         """Whether the last registry read, registration or sweep failed."""
-        """Payload bytes of the messages in ``_held``."""
         self._queue: collections.deque[Held] = collections.deque()
         self._topic_load: collections.Counter[str] = collections.Counter()
         self._workers = 0
@@ -267,7 +267,8 @@ class Relay(Delivering, Housekeeping):
         self._nap = anyio.Event()
         if self._stopping:
             return
-        if not self._nudged:  # woken while claiming: claim again (paced) now
+        # Woken while claiming: claim again at once (paced below); else wait.
+        if not self._nudged:
             if woken:
                 interval = min(interval, WAKE_WINDOW)
             self._report_by = time.monotonic() + interval + slack
