@@ -67,7 +67,8 @@ _UNSERVED_BURY = QUERIES["unserved_bury"]
 _UNSERVED_NOTE = QUERIES["unserved_note"]
 _BURIED_COUNT = QUERIES["buried_count"]
 
-# One sweeper at a time across every relay sharing the database.
+# One relay at a time notes unserved topics (the burial batches that follow
+# are safe side by side: SKIP LOCKED), and one counts the backlog.
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
 _BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 
