@@ -54,11 +54,8 @@ async def listen(
     down = False
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(
-                make_conninfo(url, **keepalives(url)),
-                autocommit=True,
-                connect_timeout=connect_timeout,
-            ) as conn:
+            conn = await _connect(make_conninfo(url, **keepalives(url)), connect_timeout)
+            try:
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                 if not await _heard(conn, url, probe_wait, connect_timeout):
                     log.warning(_OFF)
@@ -70,11 +67,29 @@ async def listen(
                 async for note in conn.notifies():
                     if not note.payload.startswith(PROBE):
                         wake(decode_topics(note.payload))
-        except psycopg.Error as exc:
+            finally:
+                await _close(conn)
+        except (psycopg.Error, TimeoutError) as exc:
             if not down:
                 log.warning("wake-ups lost (%s); polling until they are back", exc)
             down = True
         await anyio.sleep(retry)
+
+
+async def _connect(url: str, seconds: int) -> psycopg.AsyncConnection[Any]:
+    """A connection, made to the end even when the relay stops meanwhile (within
+    ``seconds``): cancelled in its last steps, psycopg's connect would leave an
+    open connection behind for the garbage collector."""
+    with anyio.fail_after(seconds + 1, shield=True):
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=seconds, prepare_threshold=None
+        )
+
+
+async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+    # Shielded: a stopping relay's cancellation would interrupt close() itself.
+    with anyio.CancelScope(shield=True):
+        await conn.close()
 
 
 async def _heard(
@@ -83,10 +98,11 @@ async def _heard(
     """Whether a notification sent from another connection reaches ``conn``, as a
     producer's would (behind a transaction pooler it never does)."""
     token = f"{PROBE}{secrets.token_hex(8)}"
-    async with await psycopg.AsyncConnection.connect(
-        url, autocommit=True, connect_timeout=connect_timeout, prepare_threshold=None
-    ) as other:
+    other = await _connect(url, connect_timeout)
+    try:
         await other.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token))
+    finally:
+        await _close(other)
     async for note in conn.notifies(timeout=wait):
         if note.payload == token:
             return True

@@ -208,10 +208,6 @@ class Relay(Delivering, Housekeeping):
                 tg.start_soon(self.settler.run)
                 housekeeping = anyio.CancelScope()
                 tg.start_soon(self._housekeeping, housekeeping)
-                # Wake-ups after commit, for a relay run from a library as from
-                # `outbox relay`; polling stays the floor.
-                listening = anyio.CancelScope()
-                tg.start_soon(self._listen, listening)
                 await self._feed(tg)
                 await self._until(lambda: self._workers == 0)
                 self.settler.close()  # its run() returns once it wrote what is queued
@@ -220,7 +216,6 @@ class Relay(Delivering, Housekeeping):
                 with anyio.move_on_after(_HOUSEKEEPING_GRACE):
                     await self._until(lambda: self._housekeeping_done)
                 housekeeping.cancel()
-                listening.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()

@@ -1,4 +1,4 @@
-"""The relay's housekeeping: the topic registry, its row in the fleet, the sweep, wake-ups.
+"""The relay's housekeeping: the topic registry, its row in the fleet, the sweep.
 
 It runs beside claiming, once an interval: a failure there never stops
 delivery, but it is said once a cause and makes the relay report not ready,
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -47,9 +46,6 @@ class Housekeeping:
         raise NotImplementedError
 
     def _signal(self) -> None:
-        raise NotImplementedError
-
-    def wake(self, topics: Iterable[str] | None = None) -> None:
         raise NotImplementedError
 
     async def housekeep(self, *, force: bool = False) -> None:
@@ -111,11 +107,3 @@ class Housekeeping:
                 self.housekeeping_failing = False
                 told = None
             await self._sleep(interval)
-
-    async def _listen(self, scope: anyio.CancelScope) -> None:
-        """Wake-ups after commit, for a relay run from a library as from `outbox relay`."""
-        with scope:
-            try:
-                await self.store.wakeups(self.wake)
-            except Exception:
-                log.exception("wake-ups stopped; polling goes on")

@@ -221,6 +221,7 @@ async def _serve(
                     f"{settings.http_port}: {exc.strerror or exc}"
                 ) from None
             tg.start_soon(Backlog(store, label=relay.metrics.label).run, settings.backlog_interval)
+            tg.start_soon(store.wakeups, relay.wake)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",
                 ",".join(sorted(handlers)),
