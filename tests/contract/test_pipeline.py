@@ -106,31 +106,36 @@ async def test_fast_messages_are_acked_while_a_slow_one_holds_its_slot(store: St
     assert bench.metric("outbox_delivered_total", "mail.fast") == 40
 
 
+class Holding:
+    """A handler that holds every message until ``release`` is set, counting how many at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.release = anyio.Event()
+
+    async def __call__(self, m: Message) -> None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        await self.release.wait()
+        self.running -= 1
+
+
 async def test_never_more_in_flight_than_the_slots(store: Store[Any]) -> None:
-    running = 0
-    most = 0
-    release = anyio.Event()
-
-    async def handle(m: Message) -> None:
-        nonlocal running, most
-        running += 1
-        most = max(most, running)
-        await release.wait()
-        running -= 1
-
+    handle = Holding()
     bench = Bench(store, {"mail.wait": handle}, batch=4, concurrency=6)
     msgs = await bench.add("mail.wait", 20)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(bench.relay.run)
-        await eventually("every slot to fill", lambda: _true(running == 6))
+        await eventually("every slot to fill", lambda: _true(handle.running == 6))
         await anyio.sleep(0.05)  # the relay would claim more here if it could
         assert bench.relay.in_flight == 6
-        release.set()
+        handle.release.set()
         await eventually("the outbox to empty", lambda: bench.gone(msgs))
         bench.relay.stop()
 
-    assert most == 6
+    assert handle.most == 6
 
 
 async def _true(value: bool) -> bool:
@@ -138,17 +143,7 @@ async def _true(value: bool) -> bool:
 
 
 async def test_never_more_payload_bytes_in_flight_than_the_budget(store: Store[Any]) -> None:
-    running = 0
-    most = 0
-    release = anyio.Event()
-
-    async def handle(m: Message) -> None:
-        nonlocal running, most
-        running += 1
-        most = max(most, running)
-        await release.wait()
-        running -= 1
-
+    handle = Holding()
     # Each payload is a little over 4 KiB: a 10 KiB budget holds three at most
     # (claims stop once the bytes before a message reach it).
     bench = Bench(store, {"files.up": handle}, batch=10, in_flight_bytes=10 * 1024)
@@ -156,14 +151,14 @@ async def test_never_more_payload_bytes_in_flight_than_the_budget(store: Store[A
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(bench.relay.run)
-        await eventually("the budget to fill", lambda: _true(running == 3))
+        await eventually("the budget to fill", lambda: _true(handle.running == 3))
         await anyio.sleep(0.05)  # the relay would claim more here if it could
         assert bench.relay.in_flight == 3
-        release.set()
+        handle.release.set()
         await eventually("the outbox to empty", lambda: bench.gone(msgs))
         bench.relay.stop()
 
-    assert most == 3
+    assert handle.most == 3
 
 
 async def test_claims_grow_while_the_backlog_fills_them_and_shrink_once_it_is_drained(
