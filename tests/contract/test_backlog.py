@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import anyio
 from prometheus_client import CollectorRegistry
 
-from outbox import Store, new_message
-from outbox.service.backlog import Backlog
+from outbox import Message, Relay, Store, new_message
+from outbox.relay.backlog import Backlog
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -39,3 +40,22 @@ async def test_gauges_count_pending_buried_and_oldest_age(store: Store[Any]) -> 
     assert gauge("outbox_buried_messages") == 0
     assert gauge("outbox_pending_messages") == 0
     assert gauge("outbox_oldest_pending_age_seconds") == 0
+
+
+async def test_a_running_relay_keeps_the_backlog_gauges_by_itself(store: Store[Any]) -> None:
+    registry = CollectorRegistry()
+    waiting = new_message("mail.b", {}, T0, deliver_at=T0 + dt.timedelta(hours=1))
+    async with store.begin() as tx:
+        await store.add(tx, waiting)
+    relay = Relay(store, {"mail.b": _never}, registry=registry, clock=lambda: T0)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            while registry.get_sample_value("outbox_pending_messages", {"topic": "mail.b"}) != 1:  # noqa: ASYNC110 - a gauge has no event
+                await anyio.sleep(0.01)
+            relay.stop()
+
+
+async def _never(m: Message) -> None:
+    raise AssertionError("not due")

@@ -11,8 +11,9 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 
-from outbox import Relay, RelayConfig, StoreUnavailable, new_message
+from outbox import Message, Relay, RelayConfig, StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.queries import QUERIES, migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
@@ -243,3 +244,55 @@ async def test_pool_connections_detect_a_dead_peer_unless_the_url_says_otherwise
     )
     assert used["tcp_user_timeout"] == "10000"
     assert used["keepalives_idle"] == "30"  # the URL's own value wins
+
+
+async def test_a_statement_the_database_does_not_answer_fails_within_the_deadline(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    store = PostgresStore(pg_store.pool, deadline=0.5)
+    await _add(store, "orders.placed", 1, T0)
+    async with await psycopg.AsyncConnection.connect(pg_conninfo) as blocker:
+        await blocker.execute("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
+        with anyio.fail_after(3), pytest.raises(StoreUnavailable, match=r"no answer within 0.5s"):
+            await store.claim(T0, LEASE, 10)
+        await blocker.rollback()
+
+    # The abandoned claim may have run on the server once the lock was gone
+    # (then its message waits out the lease, as a crashed relay's would):
+    # either way the message is claimed again, never lost.
+    again = await store.claim(T0, LEASE, 10) or await store.claim(T0 + LEASE, LEASE, 10)
+    assert [m.topic for m in again] == ["orders.placed"]
+
+
+async def test_a_relay_stalled_on_an_unanswered_claim_delivers_once_it_is_answered(
+    pg_store: PostgresStore, pg_conninfo: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="outbox")
+    store = PostgresStore(pg_store.pool, deadline=0.5)
+    delivered = anyio.Event()
+
+    async def handle(m: Message) -> None:
+        delivered.set()
+
+    relay = Relay(
+        store,
+        {"orders.placed": handle},
+        RelayConfig.model_validate({"interval": "50ms"}),
+        registry=CollectorRegistry(),
+    )
+    await _add(store, "orders.placed", 1, T0)
+    async with await psycopg.AsyncConnection.connect(pg_conninfo) as blocker:
+        await blocker.execute("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            with anyio.fail_after(5):
+                while "poll failed" not in caplog.text:  # noqa: ASYNC110 - a log line
+                    await anyio.sleep(0.01)
+            assert relay.alive()
+            await blocker.rollback()
+            with anyio.fail_after(5):  # the backoff it logged, at most a second here
+                await delivered.wait()
+            relay.stop()
+
+    assert "no answer within 0.5s" in caplog.text
+    assert "store reachable again" in caplog.text

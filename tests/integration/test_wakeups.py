@@ -254,7 +254,6 @@ async def test_a_relay_run_from_a_library_is_woken_by_a_commit(pg_store: Postgre
     m = new_message("orders.placed", {"n": 1})
     async with anyio.create_task_group() as tg:
         tg.start_soon(relay.run)
-        tg.start_soon(pg_store.wakeups, relay.wake)  # as the README shows
         await anyio.sleep(0.5)  # a real LISTEN connection comes up; the first poll finds nothing
         async with pg_store.begin() as tx:  # notifies after the commit
             await pg_store.add(tx, m)

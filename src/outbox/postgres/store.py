@@ -73,26 +73,58 @@ _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
 _BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 
 
+DEADLINE = 10.0
+"""Longest a store call (each statement of a batched one) may take by default."""
+
+
 class PostgresStore:
-    """A Store over a psycopg AsyncConnectionPool."""
+    """A Store over a psycopg AsyncConnectionPool.
+
+    Every call but ``begin()`` (the application's own transaction) has a
+    deadline: a statement the database does not answer within ``deadline``
+    seconds (a partition, a stalled server) fails as StoreUnavailable, its
+    connection is dropped, and the relay tries again with its backoff.
+    """
 
     def __init__(
-        self, pool: psycopg_pool.AsyncConnectionPool, *, listen_url: str | None = None
+        self,
+        pool: psycopg_pool.AsyncConnectionPool,
+        *,
+        listen_url: str | None = None,
+        deadline: float = DEADLINE,
     ) -> None:
         self.pool = pool
         self.listen_url = listen_url
         """Where wakeups() LISTENs; None: the pool's own conninfo."""
+        self.deadline = deadline
 
     @asynccontextmanager
-    async def _translated(self) -> AsyncIterator[None]:
-        """Turn 'cannot reach the database' errors into StoreUnavailable.
+    async def _bounded(self, seconds: float | None = None) -> AsyncIterator[None]:
+        """At most ``seconds`` (the deadline) seconds, or StoreUnavailable."""
+        seconds = self.deadline if seconds is None else seconds
+        try:
+            with anyio.fail_after(seconds):
+                yield
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"outbox: database unavailable: no answer within {seconds:g}s"
+            ) from None
+
+    @asynccontextmanager
+    async def _translated(self, *, bounded: bool = True) -> AsyncIterator[None]:
+        """Turn 'cannot reach the database' errors into StoreUnavailable, within
+        the deadline unless ``bounded`` is False.
 
         A lost connection usually means every idle one in the pool is lost
         too (the server restarted): check them all now, so the next call gets
         a fresh connection instead of failing once per dead one.
         """
         try:
-            yield
+            if bounded:
+                async with self._bounded():
+                    yield
+            else:
+                yield
         except psycopg.OperationalError as exc:
             with anyio.move_on_after(2):
                 with suppress(psycopg.Error):
@@ -107,7 +139,11 @@ class PostgresStore:
 
         Once committed, relays are woken for the messages added in it.
         """
-        async with self._translated(), self.pool.connection() as conn, transaction(conn):
+        async with (
+            self._translated(bounded=False),
+            self.pool.connection() as conn,
+            transaction(conn),
+        ):
             yield conn
 
     async def add(self, tx: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
@@ -263,8 +299,8 @@ class PostgresStore:
         budget: int = SWEEP_BUDGET,
     ) -> dict[str, int]:
         why = f" (no live relay served it for {format_duration(grace)})"
-        async with self._translated(), self.pool.connection() as conn:
-            async with conn.transaction():
+        async with self._translated(bounded=False), self.pool.connection() as conn:
+            async with self._bounded(), conn.transaction():
                 cur = await conn.execute(_TRY_LOCK, {"key": _SWEEP_LOCK_KEY})
                 row = await cur.fetchone()
                 if not row or not row[0]:
@@ -280,7 +316,7 @@ class PostgresStore:
             params = {"now": now, "grace": grace, "why": why}
             left = budget
             while left > 0:
-                async with conn.transaction():
+                async with self._bounded(), conn.transaction():
                     cur = await conn.execute(_UNSERVED_BURY, {**params, "limit": min(batch, left)})
                     counts = await cur.fetchall()
                 n = sum(c for _, c in counts)
@@ -343,9 +379,9 @@ class PostgresStore:
     async def _in_batches(self, query: LiteralString, params: dict[str, Any]) -> int:
         """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch."""
         done = 0
-        async with self._translated(), self.pool.connection() as conn:
+        async with self._translated(bounded=False), self.pool.connection() as conn:
             while True:
-                async with conn.transaction():
+                async with self._bounded(), conn.transaction():
                     cur = await conn.execute(query, params)
                 done += cur.rowcount
                 if cur.rowcount < params["limit"]:
@@ -354,7 +390,13 @@ class PostgresStore:
     async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
         if max_age is None:
             return [TopicStats(*r) for r in await self._fetch(_BACKLOG_MEASURE, {"keep": False})]
-        async with self._translated(), self.pool.connection() as conn, conn.transaction():
+        # Counting a large backlog may take longer than a claim: six deadlines.
+        async with (
+            self._translated(bounded=False),
+            self._bounded(6 * self.deadline),
+            self.pool.connection() as conn,
+            conn.transaction(),
+        ):
             cur = await conn.execute(_TRY_LOCK, {"key": _BACKLOG_LOCK_KEY})
             row = await cur.fetchone()
             mine = bool(row and row[0])

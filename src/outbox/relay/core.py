@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from outbox.clock import Clock, system_clock
 from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
+from outbox.relay.backlog import Backlog
 from outbox.relay.config import RelayConfig
 from outbox.relay.deliver import Delivering
 from outbox.relay.fleet import Fleet
@@ -56,6 +57,8 @@ _FAILURE_BACKOFF_CEILING = 30.0
 _HAND_BACK_GRACE = 2.0
 # How long a stopping relay waits for housekeeping to reach its next wait.
 _HOUSEKEEPING_GRACE = 1.0
+CLAIM_WAIT = 15.0
+"""Longest a claim may take (PostgresStore bounds its own at 10 s)."""
 STORE_WAIT = 5.0
 """Longest wait for a pool connection (service.process sizes its pool's timeout
 so): a store call during an outage fails within this."""
@@ -78,6 +81,8 @@ class Relay(Delivering, Housekeeping):
         clock: Clock | None = None,
         registry: CollectorRegistry | None = None,
         kinds: Mapping[str, HandlerKind] | None = None,
+        listen: bool = True,
+        backlog: dt.timedelta | None = dt.timedelta(seconds=15),
     ) -> None:
         for topic in handlers:
             validate_topic(topic)
@@ -86,6 +91,10 @@ class Relay(Delivering, Housekeeping):
         # the caller loaded one (outbox.service.settings.load(RelayConfig)).
         self.config = cfg = config if config is not None else RelayConfig.model_validate({})
         self.clock = clock
+        self.listen = listen
+        """Whether run() listens for the store's wake-ups (``store.wakeups``)."""
+        self.backlog = backlog
+        """How often run() refreshes the backlog gauges (None: never)."""
         self._local = clock or system_clock
         self.router = Router(handlers, kinds or {}, cfg)
         self.metrics = RelayMetrics.of(registry)
@@ -203,6 +212,26 @@ class Relay(Delivering, Housekeeping):
         self._wake = anyio.Event()
         if self._stopping:
             return
+        # The listener and the backlog gauges run beside the loop, stopped
+        # before the hand-back: a wake-up then must not start a claim.
+        async with anyio.create_task_group() as ears:
+            if self.listen:
+                ears.start_soon(self.store.wakeups, self.wake)
+            if self.backlog is not None:
+                gauges = Backlog(
+                    self.store,
+                    clock=self._local,
+                    registry=self.metrics.registry,
+                    label=self.metrics.label,
+                )
+                ears.start_soon(gauges.run, self.backlog)
+            try:
+                await self._run()
+            finally:
+                ears.cancel_scope.cancel()
+        log.info("relay stopped claiming")
+
+    async def _run(self) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.settler.run)
@@ -219,7 +248,6 @@ class Relay(Delivering, Housekeeping):
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
                 await self._hand_back()
-        log.info("relay stopped claiming")
 
     async def _feed(self, tg: anyio.abc.TaskGroup) -> None:
         cfg = self.config
@@ -346,16 +374,25 @@ class Relay(Delivering, Housekeeping):
         if not router.free and not caps:
             return Claimed()
         lease_end = time.monotonic() + self._lease
-        claimed = await self.store.claim(
-            self._store_now(),
-            self.config.lease,
-            limit,
-            topics=router.free,
-            caps=caps,
-            isolate=True,
-            solo=solo,
-            max_bytes=max_bytes,
-        )
+        # A claim is never abandoned midway: cancelled then, its statement may
+        # still commit on the server, and messages nobody holds would wait out
+        # their lease. Shielded (within the store's deadline, or CLAIM_WAIT),
+        # what it claimed is held, so a stopping relay hands it back.
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(CLAIM_WAIT):
+                    claimed = await self.store.claim(
+                        self._store_now(),
+                        self.config.lease,
+                        limit,
+                        topics=router.free,
+                        caps=caps,
+                        isolate=True,
+                        solo=solo,
+                        max_bytes=max_bytes,
+                    )
+            except TimeoutError:
+                raise StoreUnavailable(f"no claim within {CLAIM_WAIT:g}s") from None
         if claimed.orphans:
             self._orphans = True
         for m in claimed:

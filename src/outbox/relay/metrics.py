@@ -67,6 +67,7 @@ class RelayMetrics:
     last_poll: Gauge
     labelled: frozenset[str]
     """The topics that are label values; the rest count under OTHER."""
+    registry: CollectorRegistry
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> RelayMetrics:
@@ -105,6 +106,7 @@ class RelayMetrics:
             self.topic(topic)
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self._topics: dict[str, TopicMetrics] = {}
         self.labelled = frozenset[str]()
         self.delivered = Counter(
@@ -168,7 +170,7 @@ class RelayMetrics:
 
 
 class BacklogMetrics:
-    """Gauges of the backlog per topic, refreshed by outbox.service.backlog."""
+    """Gauges of the backlog per topic, refreshed by outbox.relay.backlog."""
 
     buried: Gauge
     pending: Gauge

@@ -25,7 +25,6 @@ from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.relay import Handler, Relay
 from outbox.relay.core import STORE_WAIT
-from outbox.service.backlog import Backlog
 from outbox.service.embedded import EmbeddedPostgres, NotInstalled
 from outbox.service.http import ProbeServer
 from outbox.service.logs import redact
@@ -194,7 +193,9 @@ async def _serve(
         listen_url = settings.listen_url.get_secret_value() if settings.listen_url else None
         store = PostgresStore(pool, listen_url=listen_url)
         kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))
-        relay = Relay(store, handlers, config, kinds=kinds.mapping)
+        relay = Relay(
+            store, handlers, config, kinds=kinds.mapping, backlog=settings.backlog_interval
+        )
         shutdown.relay = relay
 
         async def ready() -> bool:
@@ -220,8 +221,6 @@ async def _serve(
                     f"OUTBOX_HTTP_PORT: cannot listen on {settings.http_host}:"
                     f"{settings.http_port}: {exc.strerror or exc}"
                 ) from None
-            tg.start_soon(Backlog(store, label=relay.metrics.label).run, settings.backlog_interval)
-            tg.start_soon(store.wakeups, relay.wake)
             log.info(
                 "relay started: topics=%s batch=%d interval=%s http=%s:%d",
                 ",".join(sorted(handlers)),

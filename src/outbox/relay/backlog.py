@@ -2,8 +2,9 @@
 
 Counters say what happened; these say what is waiting, so an alert on buried
 messages keeps firing until someone acts, and a stale backlog shows. Each
-relay refreshes them every OUTBOX_BACKLOG_INTERVAL; one relay at a time counts
-(a grouped query over the whole table) and the others read its count.
+relay refreshes them (``Relay(..., backlog=...)``, OUTBOX_BACKLOG_INTERVAL) beside
+its loop; one relay at a time counts (a grouped query over the whole table)
+and the others read its count.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 import anyio
 from prometheus_client import CollectorRegistry
 
-from outbox.relay import Clock, system_clock
+from outbox.clock import Clock, system_clock
 from outbox.relay.metrics import MAX_TOPIC_LABELS, OTHER, BacklogMetrics
 from outbox.store import Store
 
 __all__ = ["Backlog"]
 
-log = logging.getLogger("outbox.service.backlog")
+log = logging.getLogger("outbox.relay.backlog")
 
 
 class Backlog:
