@@ -9,6 +9,7 @@ delivery down so that a test can interrupt a run in the middle.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,6 +55,29 @@ async def record(m: Message) -> None:
 
 def handlers() -> dict[str, Any]:
     return {TOPIC: record}
+
+
+async def record_to_file(m: Message) -> None:
+    """One line per handler start in RECORDING_FILE (appended whole, so several
+    processes may share the file): what survives the database's own failover."""
+    line = f"{m.id} {os.getpid()} {m.attempts}\n".encode()
+    fd = os.open(os.environ["RECORDING_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def file_handlers() -> dict[str, Any]:
+    return {TOPIC: record_to_file}
+
+
+def recorded(path: Any) -> list[str]:
+    """The message ids RECORDING_FILE holds, one per handler start, in order."""
+    try:
+        return [line.split()[0] for line in Path(path).read_text().splitlines() if line]
+    except FileNotFoundError:
+        return []
 
 
 FAILING = "test.fail"

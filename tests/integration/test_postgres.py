@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -13,8 +15,10 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
+import outbox
 from outbox import Message, Relay, RelayConfig, StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.postgres.connection import KEEPALIVES, connect
 from outbox.postgres.queries import QUERIES, migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
 
@@ -244,6 +248,25 @@ async def test_pool_connections_detect_a_dead_peer_unless_the_url_says_otherwise
     )
     assert used["tcp_user_timeout"] == "10000"
     assert used["keepalives_idle"] == "30"  # the URL's own value wins
+    assert used["connect_timeout"] == "5"
+    # Connections outside the pool (migrate, the listener, the startup checks).
+    async with await connect(own) as conn:
+        alone = conninfo_to_dict(conn.info.dsn)
+    assert {k: alone[k] for k in KEEPALIVES} == {**KEEPALIVES, "keepalives_idle": "30"}
+
+
+def test_every_connection_the_product_opens_detects_a_dead_peer() -> None:
+    """Nothing in src/ connects but through connect() or connect_pool()."""
+    src = Path(outbox.__file__).parent
+    own = src / "postgres" / "connection.py"
+    bare = [
+        f"{path.relative_to(src)}:{n}"
+        for path in src.rglob("*.py")
+        if path != own
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(Connection|psycopg)\.connect\(", line)
+    ]
+    assert not bare, f"connections without dead-peer detection: {bare}"
 
 
 async def test_a_statement_the_database_does_not_answer_fails_within_the_deadline(

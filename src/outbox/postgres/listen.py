@@ -10,9 +10,8 @@ from typing import Any
 import anyio
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
-from outbox.postgres.pool import keepalives
+from outbox.postgres.connection import connect
 from outbox.wake import CHANNEL, decode_topics
 
 __all__ = ["PROBE", "listen"]
@@ -54,7 +53,7 @@ async def listen(
     down = False
     while True:
         try:
-            conn = await _connect(make_conninfo(url, **keepalives(url)), connect_timeout)
+            conn = await _connect(url, connect_timeout)
             try:
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                 if not await _heard(conn, url, probe_wait, connect_timeout):
@@ -81,9 +80,7 @@ async def _connect(url: str, seconds: int) -> psycopg.AsyncConnection[Any]:
     ``seconds``): cancelled in its last steps, psycopg's connect would leave an
     open connection behind for the garbage collector."""
     with anyio.fail_after(seconds + 1, shield=True):
-        return await psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=seconds, prepare_threshold=None
-        )
+        return await connect(url, autocommit=True, connect_timeout=seconds, prepare_threshold=None)
 
 
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
 import psycopg_pool
-from psycopg.conninfo import conninfo_to_dict
 
-__all__ = ["KEEPALIVES", "connect_pool", "keepalives"]
+from outbox.postgres.connection import keepalives
+
+__all__ = ["RECONNECT_TIMEOUT", "connect_pool"]
 
 
 def connect_pool(
@@ -27,6 +27,9 @@ def connect_pool(
     transaction pooler every client names its prepared statements alike, and
     the next transaction may run on a server connection that has another's.
     """
+    # The pool's own reconnection backs off up to minutes; given up early, the
+    # next store call starts a fresh attempt, so the relay's backoff is the one.
+    kwargs.setdefault("reconnect_timeout", RECONNECT_TIMEOUT)
     return psycopg_pool.AsyncConnectionPool(
         conninfo,
         min_size=min_size,
@@ -41,22 +44,5 @@ def connect_pool(
     )
 
 
-KEEPALIVES = {
-    "keepalives": "1",
-    "keepalives_idle": "5",
-    "keepalives_interval": "2",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "10000",
-}
-"""libpq's dead-peer detection: a server that vanishes without a reset (a network
-partition, a failed-over host) is given up on within about 10 s instead of after
-TCP's retransmission backoff (minutes), so a relay resumes soon after the heal."""
-
-
-def keepalives(conninfo: str) -> dict[str, str]:
-    """KEEPALIVES less what ``conninfo`` sets itself (its own values win)."""
-    try:
-        given = conninfo_to_dict(conninfo)
-    except psycopg.Error:
-        return {}  # the connection attempt says what is wrong with it
-    return {k: v for k, v in KEEPALIVES.items() if k not in given}
+RECONNECT_TIMEOUT = 5.0
+"""How long the pool retries a lost connection in the background (psycopg_pool's default: 5 min)."""

@@ -28,6 +28,7 @@ import psycopg.errors
 from psycopg import sql as pgsql
 
 from outbox.errors import MigrationBlocked, MigrationRefused
+from outbox.postgres.connection import connect
 from outbox.postgres.queries import migrations
 
 __all__ = [
@@ -126,7 +127,7 @@ async def migrate(
     Raises MigrationBlocked when a lock stays out of reach for ``wait`` seconds.
     """
     applied: list[int] = []
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+    async with await connect(conninfo, autocommit=True) as conn:
         await conn.execute(
             "SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout * 1000)}ms",)
         )

@@ -22,7 +22,8 @@ from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message, validate_topic
 from outbox.postgres.claims import BY_TOPIC, claim_params
-from outbox.postgres.pool import connect_pool, keepalives
+from outbox.postgres.connection import keepalives
+from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (

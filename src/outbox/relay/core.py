@@ -51,8 +51,11 @@ __all__ = ["Relay"]
 
 log = logging.getLogger("outbox.relay")
 
-# The loop's wait after a failed claim doubles from the interval up to this.
+# The loop's wait after a failed claim doubles from the interval up to this;
+# while the store is unreachable only up to the second, so that a relay
+# delivers again within seconds of the database's return (a try is a connect).
 _FAILURE_BACKOFF_CEILING = 30.0
+_OUTAGE_BACKOFF_CEILING = 5.0
 # How long a cancelled relay may spend settling and handing its messages back.
 _HAND_BACK_GRACE = 2.0
 # How long a stopping relay waits for housekeeping to reach its next wait.
@@ -266,11 +269,17 @@ class Relay(Delivering, Housekeeping):
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
                 failures += 1
-                wait = min(interval * 2**failures, _FAILURE_BACKOFF_CEILING)
-                if not isinstance(exc, StoreUnavailable):
+                unavailable = isinstance(exc, StoreUnavailable)
+                ceiling = _OUTAGE_BACKOFF_CEILING if unavailable else _FAILURE_BACKOFF_CEILING
+                wait = min(interval * 2**failures, ceiling)
+                if not unavailable:
                     log.exception("poll failed; next try in %.1fs", wait)
                 elif failures == 1:  # said once; the recovery is said once too
-                    log.warning("poll failed: %s; trying again with backoff", exc)
+                    log.warning(
+                        "poll failed: %s; trying again with backoff, at least every %gs",
+                        exc,
+                        max(ceiling, interval),
+                    )
                 else:
                     log.debug("poll failed again: %s; next try in %.1fs", exc, wait)
                 await self._sleep(wait, slack)

@@ -23,6 +23,7 @@ from outbox.durations import format_duration
 from outbox.errors import ConfigError, OutboxError
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
+from outbox.postgres.connection import connect
 from outbox.relay import Handler, Relay
 from outbox.relay.core import STORE_WAIT
 from outbox.service.embedded import EmbeddedPostgres, NotInstalled
@@ -102,7 +103,7 @@ async def database(
 
 
 async def _check_schema(url: str, schema: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
+    async with await connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
         cur = await c.execute("SELECT current_schema()")
         row = await cur.fetchone()
     if not row or row[0] != schema:
@@ -132,7 +133,7 @@ async def _check_reachable(url: str) -> None:
             "the host part holds an '@': percent-encode @ in the user or password as %40",
         )
     try:
-        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT)
+        conn = await connect(url, connect_timeout=_CONNECT_TIMEOUT)
     except psycopg.Error as exc:
         reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
         raise StartupError(f"OUTBOX_DATABASE_URL: cannot connect: {reason}") from None
@@ -140,7 +141,7 @@ async def _check_reachable(url: str) -> None:
 
 
 async def _check_migrated(url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
+    async with await connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
         missing = await pending(c)
     if missing:
         raise StartupError(
