@@ -31,6 +31,12 @@ def require_library(pattern: str, package: str) -> str:
     _missing(f"{pattern} is not installed (apt-get install {package})")
 
 
+def require_root(what: str) -> None:
+    """Skip (or, on CI, fail) unless this process runs as root, which ``what`` needs."""
+    if os.geteuid() != 0:
+        _missing(f"{what} needs root")
+
+
 def _missing(reason: str) -> NoReturn:
     if os.environ.get("OUTBOX_TEST_REQUIRE_ALL") == "1":
         pytest.fail(reason)

@@ -4,7 +4,6 @@ seconds, reports not ready but alive, and delivers again soon after the heal."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,14 +11,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
 from tests.integration.process import RelayProcess, run_outbox, wait_until
 from tests.integration.servers import primary
-from tests.tools import require
+from tests.tools import require, require_root
 
 CUT_OFF = "127.0.0.2"  # the relay's address for the server; the test's stays 127.0.0.1
 PARTITION = 25.0
@@ -30,8 +28,7 @@ PARTITION = 25.0
 def partition(port: int) -> Iterator[None]:
     """Drop every packet between CUT_OFF and ``port``, both ways, until the block ends."""
     iptables = require("iptables", "iptables")
-    if os.geteuid() != 0:
-        pytest.skip("dropping packets needs root")
+    require_root("dropping packets with iptables")
     rules = [
         ["INPUT", "-i", "lo", "-p", "tcp", "-d", CUT_OFF, "--dport", str(port), "-j", "DROP"],
         ["INPUT", "-i", "lo", "-p", "tcp", "-s", CUT_OFF, "--sport", str(port), "-j", "DROP"],
