@@ -65,7 +65,7 @@ def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30) ->
 class RelayProcess:
     """``outbox relay`` in a subprocess, its logs in a file, its HTTP port known."""
 
-    def __init__(self, log_dir: Path, **settings: str) -> None:
+    def __init__(self, log_dir: Path, *, command: list[str] | None = None, **settings: str) -> None:
         self.port = free_port()
         self.log_path = log_dir / f"relay-{self.port}.log"
         env = outbox_env(
@@ -76,7 +76,7 @@ class RelayProcess:
         )
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "outbox.service.cli", "relay"],
+                command or [sys.executable, "-m", "outbox.service.cli", "relay"],
                 env=env,
                 cwd=REPO,
                 stdout=log,
