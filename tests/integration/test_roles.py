@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from outbox import new_message
-from outbox.postgres import add_sync
+from outbox.handlers import HandlerKinds
+from outbox.postgres import PostgresStore, add_sync, connect_pool
+from tests.integration import recording
 from tests.integration.process import RelayProcess, count, run_outbox, wait_until
 
 
@@ -23,7 +28,10 @@ class Roles:
     def __init__(self, postgres_url: str) -> None:
         self.admin = postgres_url
         tag = uuid.uuid4().hex[:8]
-        self.names = {k: f"t_{k}_{tag}" for k in ("owner", "relay", "app", "squatter")}
+        self.names = {
+            k: f"t_{k}_{tag}"
+            for k in ("owner", "relay", "app", "squatter", "operator", "controller")
+        }
         self.schema = f"t_roles_{tag}"
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             for name in self.names.values():
@@ -97,6 +105,67 @@ def test_an_owner_migrates_relays_run_on_dml_and_producers_only_insert(
     assert again.returncode == 0, again.stderr
     with psycopg.connect(roles.url("relay")) as r, pytest.raises(psycopg.errors.Error):
         r.execute("DROP TABLE outbox_messages")
+
+
+def test_each_role_does_its_own_job_under_the_printed_grants(
+    roles: Roles, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    """migrate (owner), a relay, a producer, the operator's commands and the
+    controller's reconcile and status, each under its own role: all work."""
+    assert run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner")).returncode == 0
+    n = roles.names
+    grants = run_outbox(
+        "migrate", "--grants", f"relay={n['relay']}", f"producer={n['app']}",
+        f"controller={n['controller']}", f"operator={n['operator']}", "--schema", roles.schema,
+    )  # fmt: skip
+    with psycopg.connect(roles.url("owner"), autocommit=True) as owner:
+        owner.execute(grants.stdout.encode())
+
+    with psycopg.connect(roles.url("app"), autocommit=True) as app, app.transaction():
+        add_sync(app, new_message(recording.FAILING, {"n": 1}))
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=roles.url("relay"),
+        OUTBOX_HANDLERS="tests.integration.recording:failing_handlers",
+        OUTBOX_MAX_ATTEMPTS="1",
+        OUTBOX_INTERVAL="100ms",
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    buried = "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL"
+    wait_until("the burial", lambda: count(roles.url("owner"), buried) == 1)
+
+    operator = {"OUTBOX_DATABASE_URL": roles.url("operator")}
+    listed = run_outbox("buried", "list", **operator)
+    assert listed.returncode == 0, listed.stderr
+    assert recording.FAILING in listed.stdout
+    assert run_outbox("relays", **operator).stdout.count(recording.FAILING) == 1
+    requeued = run_outbox("buried", "requeue", "--topic", recording.FAILING, **operator)
+    assert requeued.returncode == 0, requeued.stderr
+    paused = run_outbox("topics", "pause", recording.FAILING, **operator)
+    assert paused.returncode == 0, paused.stderr
+
+    status = anyio.run(_controller, roles.url("controller"))
+    assert status["conditions"][0]["type"] == "Ready", status
+    assert status["relays"] == 1
+    assert "permission denied" not in relay.log
+
+
+async def _controller(url: str) -> dict[str, Any]:
+    """The controller's reconcile of one OutboxTopic and its status refresh."""
+    from outbox.controller.handlers import BUILTIN_TOPICS
+    from outbox.controller.reconcile import backlog, reconcile
+
+    now = dt.datetime.now(dt.UTC)
+    async with connect_pool(url, max_size=1) as pool:
+        store = PostgresStore(pool)
+        spec = {"topic": "orders.placed", "handler": "log"}
+        outcome = await reconcile(
+            store, spec, source="kubernetes:shop/orders", generation=1, now=now,
+            lease=dt.timedelta(minutes=2), builtin_topics=BUILTIN_TOPICS,
+            kinds=HandlerKinds().mapping,
+        )  # fmt: skip
+        return {**outcome.status, **await backlog(store, recording.FAILING, now)}
 
 
 def test_migrate_refuses_to_adopt_a_table_someone_else_created(roles: Roles) -> None:
