@@ -7,6 +7,9 @@ connection outside any transaction is refused with nothing stored.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from outbox import NotInTransaction, new_message
 from outbox.postgres import add, add_sync, migrate, transaction, transaction_sync, wake_sync
+from outbox.postgres.queries import migrations
 from outbox.wake import WAKES
 
 pytestmark = pytest.mark.postgres_only
@@ -304,6 +308,54 @@ def test_django_migrate_creates_the_same_schema(
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
         by_django = {k: v for k, v in schema_of(conn).items() if "django_migrations" not in k}
     assert by_django == {k: v for k, v in migrated.items() if "orders" not in k}
+
+
+def test_django_migrate_waits_in_short_steps_and_never_stalls_producers(
+    django_db: Callable[[], Any], pg_conninfo: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """manage.py migrate runs the shipped migrations as `outbox migrate` does:
+    under lock_timeout, retried, index builds CONCURRENTLY beside producers."""
+    from django.core.management import call_command
+
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(
+            "DROP TABLE outbox_messages, outbox_topics, outbox_relays, outbox_unserved,"
+            " outbox_backlog, outbox_schema_migrations"
+        )
+    call_command("migrate", "outbox", "0001", verbosity=0)  # the release before the indexes
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+            while not stop.is_set():
+                started = time.monotonic()
+                with conn.transaction():
+                    add_sync(conn, new_message("orders.placed", {}))
+                waits.append(time.monotonic() - started)
+                stop.wait(0.01)
+
+    def use_case() -> None:  # a snapshot the index build must wait out
+        with psycopg.connect(pg_conninfo) as conn:
+            conn.execute("SELECT count(*) FROM outbox_messages")
+            stop.wait(2)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=use_case)]
+    for t in threads:
+        t.start()
+    caplog.set_level(logging.WARNING, logger="outbox")
+    try:
+        call_command("migrate", "outbox", verbosity=0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+    assert "trying again" in caplog.text
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        done = conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()
+    assert done == (len(migrations()),)
+    assert max(waits) < 1.0, f"a producer waited {max(waits):.2f}s behind manage.py migrate"
 
 
 class Counting(psycopg.Connection[Any]):

@@ -1,48 +1,142 @@
-"""Django migration operations that run the outbox's shipped SQL migrations."""
+"""Django migration operations that run the outbox's shipped SQL migrations.
+
+They run as ``outbox migrate`` runs them, so ``manage.py migrate`` is as safe
+while producers write: every statement under a short ``lock_timeout``, a
+migration that times out rolled back and tried again with backoff until
+MIGRATE_WAIT is spent (then MigrationBlocked names the sessions in the way),
+index builds CONCURRENTLY outside a transaction, each migration recorded in
+outbox_schema_migrations so relays' start-up check agrees. The Django
+migrations holding them say ``atomic = False``: each shipped migration is a
+transaction of its own, which a retry can roll back whole.
+"""
 
 from __future__ import annotations
 
-from django.db import migrations
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, LiteralString
 
+from django.db import migrations, transaction
+from django.db.utils import OperationalError
+
+from outbox.errors import MigrationBlocked
 from outbox.postgres.queries import migrations as shipped
-from outbox.postgres.schema import BOOKKEEPING, statements, transactional
+from outbox.postgres.schema import (
+    BLOCKERS,
+    BOOKKEEPING,
+    INVALID_INDEXES,
+    LOCK_KEY,
+    LOCK_TIMEOUT,
+    MIGRATE_WAIT,
+    RECORD,
+    index_names,
+    statements,
+    transactional,
+)
 
-__all__ = ["run_shipped", "shipped_atomic"]
+__all__ = ["run_shipped"]
+
+log = logging.getLogger("outbox.postgres")
+
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
-def run_shipped(*, first: int, last: int, bookkeeping: bool = False) -> list[migrations.RunSQL]:
-    """RunSQL operations for the shipped migrations ``first`` to ``last``, each recorded.
-
-    Each is recorded in outbox_schema_migrations, as `outbox migrate` records it,
-    so relays' start-up check agrees with what Django applied.
-
-    A migration shipped to run outside a transaction (CONCURRENTLY index
-    builds) is one RunSQL per statement; the Django migration holding it says
-    ``atomic = False`` (``shipped_atomic`` tells).
-    """
-    ops = [migrations.RunSQL(BOOKKEEPING, migrations.RunSQL.noop)] if bookkeeping else []
-    for version, name, sql in shipped():
-        if not first <= version <= last:
-            continue
-        if transactional(sql):
-            ops.append(migrations.RunSQL(sql, migrations.RunSQL.noop))
-        else:
-            ops.extend(migrations.RunSQL(s, migrations.RunSQL.noop) for s in statements(sql))
+def run_shipped(*, first: int, last: int, bookkeeping: bool = False) -> list[migrations.RunPython]:
+    """The operations that apply the shipped migrations ``first`` to ``last``, each recorded."""
+    ops = []
+    if bookkeeping:
         ops.append(
-            migrations.RunSQL(
-                [
-                    (
-                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s) "
-                        "ON CONFLICT (version) DO NOTHING",
-                        [version, name],
-                    )
-                ],
-                migrations.RunSQL.noop,
-            )
+            _run("outbox_schema_migrations", lambda c: _retrying(c, "bookkeeping", [BOOKKEEPING]))
         )
+    for version, name, sql in shipped():
+        if first <= version <= last:
+            ops.append(_run(f"{version:04d}_{name}", _applier(version, name, sql)))
     return ops
 
 
-def shipped_atomic(*, first: int, last: int) -> bool:
-    """Whether the shipped migrations ``first`` to ``last`` may run in one transaction."""
-    return all(transactional(sql) for v, _, sql in shipped() if first <= v <= last)
+def _run(name: str, apply: Callable[[Any], None]) -> migrations.RunPython:
+    def forward(apps: Any, schema_editor: Any) -> None:
+        apply(schema_editor.connection)
+
+    forward.__name__ = f"apply_{name}"
+    return migrations.RunPython(forward, migrations.RunPython.noop, atomic=False)
+
+
+def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], None]:
+    what = f"migration {version:04d}_{name}"
+
+    def apply(connection: Any) -> None:
+        if transactional(sql):
+            _retrying(connection, what, [sql], (version, name))
+            return
+        for statement in statements(sql):
+            _drop_invalid(connection, statement)
+            _retrying(connection, what, [statement], None, atomic=False)
+        with connection.cursor() as cur:
+            cur.execute(RECORD, [version, name])
+
+    return apply
+
+
+def _retrying(
+    connection: Any,
+    what: str,
+    sqls: list[str],
+    record: tuple[int, str] | None = None,
+    *,
+    atomic: bool = True,
+) -> None:
+    started = time.monotonic()
+    delay = 0.25
+    timeout = f"{int(LOCK_TIMEOUT * 1000)}ms"
+    while True:
+        try:
+            if atomic:
+                with transaction.atomic(using=connection.alias), connection.cursor() as cur:
+                    cur.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])
+                    for sql in sqls:
+                        cur.execute(sql)
+                    if record is not None:
+                        cur.execute(RECORD, list(record))
+            else:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT set_config('lock_timeout', %s, false)", [timeout])
+                    try:
+                        for sql in sqls:
+                            cur.execute(sql)
+                    finally:
+                        cur.execute("RESET lock_timeout")
+            return
+        except OperationalError as exc:
+            cause = exc.__cause__
+            code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+            if code != _LOCK_NOT_AVAILABLE:
+                raise
+            waited = time.monotonic() - started
+            blockers = _blockers(connection)
+            if waited + delay >= MIGRATE_WAIT:
+                raise MigrationBlocked(what, waited, blockers) from None
+            log.warning(
+                "%s: a lock is held by %s; trying again in %.1fs", what, blockers or "?", delay
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _blockers(connection: Any) -> str:
+    with connection.cursor() as cur:
+        cur.execute(BLOCKERS, [LOCK_KEY])
+        rows = cur.fetchall()
+    return ", ".join(f"pid {pid} ({state}, {age}s)" for pid, state, age in rows)
+
+
+def _drop_invalid(connection: Any, statement: str) -> None:
+    names = index_names(statement)
+    if not names:
+        return
+    with connection.cursor() as cur:
+        cur.execute(INVALID_INDEXES, [names])
+        for (name,) in cur.fetchall():
+            log.warning("dropping the invalid index %s a failed build left behind", name)
+            cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(name)}")

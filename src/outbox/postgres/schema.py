@@ -32,10 +32,16 @@ from outbox.postgres.connection import connect
 from outbox.postgres.queries import migrations
 
 __all__ = [
+    "BLOCKERS",
+    "BOOKKEEPING",
     "GRANTS",
+    "INVALID_INDEXES",
+    "LOCK_KEY",
     "LOCK_TIMEOUT",
     "MIGRATE_WAIT",
+    "RECORD",
     "grants_sql",
+    "index_names",
     "migrate",
     "migrations_sql",
     "pending",
@@ -45,7 +51,7 @@ __all__ = [
 log = logging.getLogger("outbox.postgres")
 
 # Any constant works as long as every outbox migrator uses the same one.
-_LOCK_KEY = 0x6F7574626F78  # "outbox"
+LOCK_KEY = 0x6F7574626F78  # "outbox"
 LOCK_TIMEOUT = 0.8
 """Seconds one statement may wait for a lock (and producers behind it)."""
 MIGRATE_WAIT = 60.0
@@ -61,13 +67,13 @@ CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
-_RECORD: LiteralString = (
+RECORD: LiteralString = (
     "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s) "
     "ON CONFLICT (version) DO NOTHING"
 )
 # Sessions holding or waiting for locks on the outbox's tables, or the
 # migration lock, other than this one: who a timed-out statement waited for.
-_BLOCKERS: LiteralString = r"""
+BLOCKERS: LiteralString = r"""
 SELECT DISTINCT a.pid, coalesce(a.state, '?'),
        extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::int
 FROM pg_locks AS l
@@ -99,7 +105,7 @@ ORDER BY 1
 """
 # A concurrent index build that failed leaves an INVALID index behind, which
 # CREATE INDEX ... IF NOT EXISTS would then keep: drop those first.
-_INVALID_INDEXES: LiteralString = """
+INVALID_INDEXES: LiteralString = """
 SELECT c.relname
 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
 WHERE NOT i.indisvalid AND c.relname = ANY(%s)
@@ -151,11 +157,11 @@ async def migrate(
                         await _drop_invalid(conn, statement)
                         await _retrying(conn, what, wait, [statement], None)
                     await _owned(conn, what)
-                    await conn.execute(_RECORD, record)
+                    await conn.execute(RECORD, record)
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
         finally:
-            cur = await conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            cur = await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
             row = await cur.fetchone()
             if not row or not row[0]:
                 log.error("the migration lock was not held at the end: %s", _POOLED)
@@ -191,10 +197,10 @@ async def _lock(conn: psycopg.AsyncConnection[Any], wait: float) -> None:
     started = time.monotonic()
     told = False
     while True:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,))
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
         row = await cur.fetchone()
         if row and row[0]:
-            cur = await conn.execute(_HELD, (_LOCK_KEY,))
+            cur = await conn.execute(_HELD, (LOCK_KEY,))
             held = await cur.fetchone()
             if not held or not held[0]:
                 raise MigrationRefused(_POOLED)
@@ -227,7 +233,7 @@ async def _retrying(
                     await conn.execute(sql.encode())
                 if record is not None:
                     await _owned(conn, what)
-                    await conn.execute(_RECORD, record)
+                    await conn.execute(RECORD, record)
             return
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - started
@@ -264,16 +270,23 @@ async def _owned(conn: psycopg.AsyncConnection[Any], what: str) -> None:
 
 
 async def _blockers(conn: psycopg.AsyncConnection[Any]) -> str:
-    cur = await conn.execute(_BLOCKERS, (_LOCK_KEY,))
+    cur = await conn.execute(BLOCKERS, (LOCK_KEY,))
     rows = await cur.fetchall()
     return ", ".join(f"pid {pid} ({state}, {age}s)" for pid, state, age in rows)
 
 
+def index_names(statement: str) -> list[str]:
+    """The indexes a CONCURRENTLY build in ``statement`` makes (none for a DROP)."""
+    if statement.lstrip().upper().startswith("DROP"):
+        return []
+    return _INDEX_NAME.findall(statement)
+
+
 async def _drop_invalid(conn: psycopg.AsyncConnection[Any], statement: str) -> None:
-    names = _INDEX_NAME.findall(statement)
-    if not names or statement.lstrip().upper().startswith("DROP"):
+    names = index_names(statement)
+    if not names:
         return
-    cur = await conn.execute(_INVALID_INDEXES, (names,))
+    cur = await conn.execute(INVALID_INDEXES, (names,))
     for (name,) in await cur.fetchall():
         log.warning("dropping the invalid index %s a failed build left behind", name)
         drop = pgsql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(pgsql.Identifier(name))

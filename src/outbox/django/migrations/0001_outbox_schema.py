@@ -16,6 +16,8 @@ from outbox.django.schema import run_shipped
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
+    # Each shipped migration is a transaction of its own (outbox.django.schema).
+    atomic = False
     initial = True
     dependencies: ClassVar[list[tuple[str, str]]] = []
     operations = run_shipped(first=1, last=6, bookkeeping=True)

@@ -6,11 +6,11 @@ from typing import ClassVar
 
 from django.db import migrations
 
-from outbox.django.schema import run_shipped, shipped_atomic
+from outbox.django.schema import run_shipped
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
+    # Each shipped migration is a transaction of its own (outbox.django.schema).
+    atomic = False
     dependencies: ClassVar[list[tuple[str, str]]] = [("outbox", "0001_outbox_schema")]
-    # CREATE INDEX CONCURRENTLY runs outside a transaction.
-    atomic = shipped_atomic(first=7, last=7)
     operations = run_shipped(first=7, last=7)

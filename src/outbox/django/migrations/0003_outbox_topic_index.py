@@ -6,11 +6,11 @@ from typing import ClassVar
 
 from django.db import migrations
 
-from outbox.django.schema import run_shipped, shipped_atomic
+from outbox.django.schema import run_shipped
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
+    # Each shipped migration is a transaction of its own (outbox.django.schema).
+    atomic = False
     dependencies: ClassVar[list[tuple[str, str]]] = [("outbox", "0002_outbox_ready_index")]
-    # CREATE INDEX CONCURRENTLY runs outside a transaction.
-    atomic = shipped_atomic(first=8, last=8)
     operations = run_shipped(first=8, last=8)

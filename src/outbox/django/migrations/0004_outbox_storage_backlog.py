@@ -10,5 +10,7 @@ from outbox.django.schema import run_shipped
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
+    # Each shipped migration is a transaction of its own (outbox.django.schema).
+    atomic = False
     dependencies: ClassVar[list[tuple[str, str]]] = [("outbox", "0003_outbox_topic_index")]
     operations = run_shipped(first=9, last=10)
