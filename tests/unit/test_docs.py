@@ -24,3 +24,16 @@ def test_readme_settings_table_matches_the_settings_models() -> None:
     ).stdout
 
     assert block[1] == generated, "README settings drifted: paste `outbox env --markdown` into it"
+
+
+def test_the_documented_grants_are_what_migrate_prints() -> None:
+    doc = (README.parent / "docs" / "postgres.md").read_text()
+    block = re.search(r"<!-- grants:start -->\n```sql\n(.*?)```\n<!-- grants:end -->", doc, re.S)
+    assert block is not None, "docs/postgres.md lacks the grants block"
+    printed = subprocess.run(
+        [sys.executable, "-m", "outbox.service.cli", "migrate", "--grants",
+         "relay=outbox_relay", "producer=app", "controller=outbox_controller",
+         "operator=outbox_operator", "--schema", "outbox"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert block[1].strip() == printed.strip(), "paste `outbox migrate --grants ...` into it"
