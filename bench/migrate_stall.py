@@ -1,0 +1,153 @@
+"""How long producers wait while `outbox migrate` upgrades a large table.
+
+The schema of the release before migrations 7 and 8 (the index builds),
+``--rows`` pending messages, producers committing one message at a time
+(``--producers`` threads, each as fast as it can), and one use case holding
+its transaction open for ``--hold`` seconds when migrate starts. Then
+``outbox migrate`` of each system (the working tree, and ``--baseline``,
+exported from git: by default the release before migrations ran under
+lock_timeout and built indexes CONCURRENTLY), in a fresh schema each, in one
+run. Reported: every producer commit during migrate, its max and p99, and
+how long migrate took.
+
+    python bench/migrate_stall.py [--database-url URL] [--rows 1000000] [--baseline REF]
+
+Figures and the command that made them live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(REPO / "src"), str(BENCH)]
+
+from pipeline import export  # noqa: E402
+
+BASELINE = "35a5a1d^"
+
+
+def run(src: Path, url: str, rows: int, producers: int, hold: float) -> dict[str, Any]:
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from outbox import new_message
+    from outbox.postgres import add_sync
+    from outbox.postgres.queries import migrations
+    from outbox.postgres.schema import BOOKKEEPING
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(BOOKKEEPING)
+            for version, name, text in migrations():
+                if version <= 6:
+                    conn.execute(text.encode())
+                    conn.execute(
+                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s)",
+                        (version, name),
+                    )
+            conn.execute(
+                "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
+                " SELECT gen_random_uuid(), 'orders.placed', '{}', now(), now()"
+                " FROM generate_series(1, %s)",
+                (rows,),
+            )
+            conn.execute("VACUUM ANALYZE outbox_messages")
+        waits: list[float] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                while not stop.is_set():
+                    started = time.monotonic()
+                    with conn.transaction():
+                        add_sync(conn, new_message("orders.placed", {}))
+                    waits.append(time.monotonic() - started)
+
+        def use_case() -> None:
+            with psycopg.connect(conninfo) as conn:
+                conn.execute("SELECT count(*) FROM outbox_messages WHERE topic = 'x'")
+                stop.wait(hold)
+                conn.commit()
+
+        threads = [threading.Thread(target=produce) for _ in range(producers)]
+        for t in threads:
+            t.start()
+        time.sleep(1)  # producers running before the use case and migrate start
+        holder = threading.Thread(target=use_case)
+        holder.start()
+        waits.clear()
+        env = {**os.environ, "PYTHONPATH": str(src), "OUTBOX_DATABASE_URL": conninfo}
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "outbox.service.cli", "migrate"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        took = time.monotonic() - started
+        during = list(waits)
+        stop.set()
+        for t in [*threads, holder]:
+            t.join(30)
+        if done.returncode != 0:
+            raise SystemExit(done.stderr)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    cuts = statistics.quantiles(during, n=100)
+    return {
+        "commits": len(during),
+        "max_ms": max(during) * 1000,
+        "p99_ms": cuts[98] * 1000,
+        "p50_ms": cuts[49] * 1000,
+        "migrate_s": took,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(
+            "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--hold", type=float, default=3.0)
+    parser.add_argument("--baseline", default=BASELINE)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="outbox-baseline-") as tmp:
+        systems = {"baseline": export(args.baseline, Path(tmp)), "current": REPO / "src"}
+        print(f"{args.rows:,} rows, {args.producers} producers, a transaction open {args.hold}s")
+        print("| system | commits during migrate | max | p99 | p50 | migrate took |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for name, src in systems.items():
+            r = run(src, args.database_url, args.rows, args.producers, args.hold)
+            print(
+                f"| {name} | {r['commits']:,} | {r['max_ms']:,.0f} ms | {r['p99_ms']:,.0f} ms"
+                f" | {r['p50_ms']:,.1f} ms | {r['migrate_s']:.1f} s |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
