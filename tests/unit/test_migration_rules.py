@@ -124,3 +124,23 @@ def test_every_sql_migration_has_exactly_one_django_twin() -> None:
                 bounds = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
                 covered += [v for v, _, _ in migrations() if bounds["first"] <= v <= bounds["last"]]
     assert sorted(covered) == [v for v, _, _ in migrations()]
+
+
+def test_django_runs_the_shipped_migrations_only_through_the_runner() -> None:
+    """No Django migration runs SQL or schema operations of its own: only
+    run_shipped, whose operations take lock_timeout and retry (and atomic =
+    False, so each shipped migration is a transaction a retry rolls back)."""
+    for path in sorted(DJANGO.glob("0*.py")):
+        tree = ast.parse(path.read_text())
+        [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+        assigned = {
+            t.id: n.value
+            for n in cls.body
+            if isinstance(n, ast.Assign | ast.AnnAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Name) and n.value is not None
+        }
+        ops = assigned["operations"]
+        assert isinstance(ops, ast.Call), path.name
+        assert getattr(ops.func, "id", "") == "run_shipped", path.name
+        assert ast.literal_eval(assigned["atomic"]) is False, path.name
