@@ -139,8 +139,9 @@ async def _worker(scenario: str, url: str, n: int) -> dict[str, Any]:
                 relay = Relay(
                     store, {"bench.noop": noop}, cfg, registry=CollectorRegistry(), **loop_only
                 )
+                cpu = time.process_time()
                 took = await run(relay, done.wait)
-                out = {"msg_s": n / took}
+                out = {"msg_s": n / took, "cpu_us": (time.process_time() - cpu) / n * 1e6}
             elif scenario == "slow":
                 with psycopg.connect(conninfo, autocommit=True) as conn:
                     conn.execute(ACK_TRIGGER)
@@ -259,15 +260,15 @@ def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = Fal
         systems = {"baseline": export(baseline, Path(tmp)), "current": REPO / "src"}
         print(f"baseline {baseline}; current: the working tree; {n} messages")
         for r in range(rounds):
-            drains = {
-                name: run_system(src, "drain", url, n)["msg_s"] for name, src in systems.items()
-            }
+            got = {name: run_system(src, "drain", url, n) for name, src in systems.items()}
             ref = reference(url, n) if REFERENCE.exists() else float("nan")
-            base, cur = drains["baseline"], drains["current"]
+            base, cur = got["baseline"]["msg_s"], got["current"]["msg_s"]
+            cpu = {k: f"{v['cpu_us']:.1f}" if "cpu_us" in v else "?" for k, v in got.items()}
             print(
                 f"drain, batch 100, 1 process (round {r + 1}): baseline {base:,.0f}"
                 f"  current {cur:,.0f} ({cur / base:.2f}x)"
-                f"  reference {ref:,.0f} (current/reference {cur / ref:.2f})",
+                f"  reference {ref:,.0f} (current/reference {cur / ref:.2f});"
+                f" relay CPU µs/msg baseline {cpu['baseline']} current {cpu['current']}",
                 flush=True,
             )
         if drain_only:
