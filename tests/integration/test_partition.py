@@ -20,7 +20,7 @@ from tests.integration.servers import primary
 from tests.tools import require, require_root
 
 CUT_OFF = "127.0.0.2"  # the relay's address for the server; the test's stays 127.0.0.1
-PARTITION = 25.0
+PARTITION = 15.0
 """Longer than libpq's tcp_user_timeout (10 s) and the store's deadline (10 s)."""
 
 
