@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(REPO / "src"), str(BENCH)]
+sys.path[:0] = [str(REPO), str(REPO / "src"), str(BENCH)]
 
 from pipeline import export  # noqa: E402
 
@@ -42,71 +41,28 @@ def run(src: Path, url: str, rows: int, producers: int, hold: float) -> dict[str
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
-
-    from outbox import new_message
-    from outbox.postgres import add_sync
-    from outbox.postgres.queries import migrations
-    from outbox.postgres.schema import BOOKKEEPING
+    from tests.integration.upgrade import earlier_release, writing
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     conninfo = make_conninfo(url, options=f"-c search_path={schema}")
     try:
+        earlier_release(conninfo, rows)
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(BOOKKEEPING)
-            for version, name, text in migrations():
-                if version <= 6:
-                    conn.execute(text.encode())
-                    conn.execute(
-                        "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s)",
-                        (version, name),
-                    )
-            conn.execute(
-                "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
-                " SELECT gen_random_uuid(), 'orders.placed', '{}', now(), now()"
-                " FROM generate_series(1, %s)",
-                (rows,),
-            )
             conn.execute("VACUUM ANALYZE outbox_messages")
-        waits: list[float] = []
-        stop = threading.Event()
-
-        def produce() -> None:
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                while not stop.is_set():
-                    started = time.monotonic()
-                    with conn.transaction():
-                        add_sync(conn, new_message("orders.placed", {}))
-                    waits.append(time.monotonic() - started)
-
-        def use_case() -> None:
-            with psycopg.connect(conninfo) as conn:
-                conn.execute("SELECT count(*) FROM outbox_messages WHERE topic = 'x'")
-                stop.wait(hold)
-                conn.commit()
-
-        threads = [threading.Thread(target=produce) for _ in range(producers)]
-        for t in threads:
-            t.start()
-        time.sleep(1)  # producers running before the use case and migrate start
-        holder = threading.Thread(target=use_case)
-        holder.start()
-        waits.clear()
         env = {**os.environ, "PYTHONPATH": str(src), "OUTBOX_DATABASE_URL": conninfo}
-        started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "outbox.service.cli", "migrate"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        took = time.monotonic() - started
-        during = list(waits)
-        stop.set()
-        for t in [*threads, holder]:
-            t.join(30)
+        with writing(conninfo, producers=producers, hold=hold, pace=0) as waits:
+            started = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "outbox.service.cli", "migrate"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            took = time.monotonic() - started
+            during = list(waits)
         if done.returncode != 0:
             raise SystemExit(done.stderr)
     finally:

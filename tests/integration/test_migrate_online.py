@@ -13,8 +13,8 @@ import pytest
 from outbox import new_message
 from outbox.postgres import add_sync, migrate
 from outbox.postgres.queries import migrations
-from outbox.postgres.schema import BOOKKEEPING
 from tests.integration.process import count, query, run_outbox
+from tests.integration.upgrade import earlier_release, p99, writing
 
 
 def test_a_held_lock_never_stalls_producers_and_migrate_gives_up_naming_it(
@@ -119,65 +119,19 @@ def test_an_upgrade_from_an_earlier_release_never_stalls_producers(pg_conninfo: 
     """The release before migrations 7 and 8 (index builds), a large backlog,
     producers writing and one use case 3 s inside its transaction: the upgrade
     completes and no producer waits a second."""
-    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-        conn.execute(BOOKKEEPING)
-        for version, name, sql in migrations():
-            if version <= 6:
-                conn.execute(sql.encode())
-                conn.execute(
-                    "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s)",
-                    (version, name),
-                )
-        conn.execute(
-            "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
-            " SELECT gen_random_uuid(), 'orders.placed', '{}', now(), now()"
-            " FROM generate_series(1, %s)",
-            (BACKLOG,),
-        )
-    waits: list[float] = []
-    stop = threading.Event()
-
-    def produce() -> None:
-        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-            while not stop.is_set():
-                started = time.monotonic()
-                with conn.transaction():
-                    add_sync(conn, new_message("orders.placed", {"id": str(uuid.uuid4())}))
-                waits.append(time.monotonic() - started)
-                stop.wait(0.01)
-
-    def use_case() -> None:  # holds a snapshot that CONCURRENTLY must wait out
-        with psycopg.connect(pg_conninfo) as conn:
-            conn.execute("SELECT count(*) FROM outbox_messages WHERE topic = 'x'")
-            stop.wait(3)
-            conn.commit()
-
-    threads = [threading.Thread(target=produce) for _ in range(2)]
-    threads.append(threading.Thread(target=use_case))
-    for t in threads:
-        t.start()
-    try:
+    earlier_release(pg_conninfo, BACKLOG)
+    with writing(pg_conninfo) as waits:
         result = run_outbox("migrate", OUTBOX_DATABASE_URL=pg_conninfo, timeout=120)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
 
     assert result.returncode == 0, result.stderr
     # The index build waited for the open transaction, in steps of lock_timeout.
     assert "trying again" in result.stderr, result.stderr
     applied = count(pg_conninfo, "SELECT count(*) FROM outbox_schema_migrations")
     assert applied == len(migrations())
-    invalid = "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
-    assert (
-        count(pg_conninfo, f"{invalid} WHERE c.relname = 'outbox_messages' AND NOT i.indisvalid")
-        == 0
+    invalid = (
+        "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+        " WHERE c.relname = 'outbox_messages' AND NOT i.indisvalid"
     )
+    assert count(pg_conninfo, invalid) == 0
     assert len(waits) > 50
-    assert max(waits) < 1.0, f"a producer waited {max(waits):.2f}s (p99 {_p99(waits):.3f}s)"
-    print(f"upgrade over {BACKLOG:,} rows: producer max {max(waits) * 1000:.0f} ms, "
-          f"p99 {_p99(waits) * 1000:.0f} ms over {len(waits)} commits")  # fmt: skip
-
-
-def _p99(values: list[float]) -> float:
-    return sorted(values)[int(len(values) * 0.99)]
+    assert max(waits) < 1.0, f"a producer waited {max(waits):.2f}s (p99 {p99(waits):.3f}s)"

@@ -8,8 +8,6 @@ connection outside any transaction is refused with nothing stored.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +21,7 @@ from outbox import NotInTransaction, new_message
 from outbox.postgres import add, add_sync, migrate, transaction, transaction_sync, wake_sync
 from outbox.postgres.queries import migrations
 from outbox.wake import WAKES
+from tests.integration.upgrade import writing
 
 pytestmark = pytest.mark.postgres_only
 
@@ -323,33 +322,9 @@ def test_django_migrate_waits_in_short_steps_and_never_stalls_producers(
             " outbox_backlog, outbox_schema_migrations"
         )
     call_command("migrate", "outbox", "0001", verbosity=0)  # the release before the indexes
-    waits: list[float] = []
-    stop = threading.Event()
-
-    def produce() -> None:
-        with psycopg.connect(pg_conninfo, autocommit=True) as conn:
-            while not stop.is_set():
-                started = time.monotonic()
-                with conn.transaction():
-                    add_sync(conn, new_message("orders.placed", {}))
-                waits.append(time.monotonic() - started)
-                stop.wait(0.01)
-
-    def use_case() -> None:  # a snapshot the index build must wait out
-        with psycopg.connect(pg_conninfo) as conn:
-            conn.execute("SELECT count(*) FROM outbox_messages")
-            stop.wait(2)
-
-    threads = [threading.Thread(target=produce), threading.Thread(target=use_case)]
-    for t in threads:
-        t.start()
     caplog.set_level(logging.WARNING, logger="outbox")
-    try:
+    with writing(pg_conninfo, producers=1, hold=2) as waits:
         call_command("migrate", "outbox", verbosity=0)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
 
     assert "trying again" in caplog.text
     with psycopg.connect(pg_conninfo, autocommit=True) as conn:
