@@ -48,6 +48,8 @@ class _Row:
     buried_at: dt.datetime | None = None
     requeues: int = 0
     requeued_at: dt.datetime | None = None
+    seq: int = 0
+    """Order of addition (keyed messages are delivered in it)."""
 
     def state(self) -> StoredMessage:
         return StoredMessage(
@@ -91,6 +93,7 @@ class MemoryStore:
         self._topics: dict[str, TopicSettings] = {}
         self._relays: dict[uuid.UUID, RelayInfo] = {}
         self._unserved: dict[str, dt.datetime] = {}
+        self._seq = 0
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[MemoryTx]:
@@ -105,7 +108,8 @@ class MemoryStore:
         if len(set(ids)) != len(ids) or any(i in self._rows for i in ids):
             raise ValueError("outbox: a message with this id is already stored")
         for m in tx.pending:
-            self._rows[m.id] = _Row(m, due_at=m.deliver_at or m.created_at)
+            self._seq += 1
+            self._rows[m.id] = _Row(m, due_at=m.deliver_at or m.created_at, seq=self._seq)
 
     async def add(self, tx: MemoryTx, /, *msgs: Message) -> None:
         if tx.store is not self:
@@ -141,6 +145,7 @@ class MemoryStore:
                 and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
+                and self._heads(r)
             ),
             key=lambda r: (r.due_at, r.message.id),
         )
@@ -403,6 +408,22 @@ class MemoryStore:
             and (wanted is None or r.message.id in wanted)
             and (topic is None or r.message.topic == topic)
         ]
+
+    def _heads(self, r: _Row) -> bool:
+        """Whether no earlier message of ``r``'s key is still to deliver: none
+        unacked, or buried where the topic does not skip buried messages."""
+        key = r.message.key
+        if key is None:
+            return True
+        entry = self._topics.get(r.message.topic)
+        skip = entry is not None and entry.on_buried == "skip"
+        return not any(
+            o.message.key == key
+            and o.message.topic == r.message.topic
+            and o.seq < r.seq
+            and (o.buried_at is None or not skip)
+            for o in self._rows.values()
+        )
 
     @staticmethod
     def _due(r: _Row, now: dt.datetime) -> bool:

@@ -21,12 +21,14 @@ import uuid_utils.compat
 from outbox.errors import ConfigError, EncodeError, PayloadMismatch
 
 __all__ = [
+    "MAX_KEY",
     "MAX_PAYLOAD",
     "TOPIC_MAX_LENGTH",
     "Message",
     "check_message",
     "loads_strict",
     "new_message",
+    "validate_key",
     "validate_topic",
 ]
 
@@ -81,6 +83,9 @@ class Message:
     """
     deliver_at: dt.datetime | None = None
     """UTC. Not claimed before this time (None: at ``created_at``)."""
+    key: str | None = None
+    """Messages of one topic with the same key are delivered one at a time, in
+    the order they were added (None: no order with any other message)."""
     lease: uuid.UUID | None = dataclasses.field(default=None, compare=False, repr=False)
     """The token of the claim that leased it. The store applies a write-back that
     carries it (retry, bury, release) only while no later claim has taken the
@@ -137,6 +142,7 @@ def new_message(
     payload: Any,
     now: dt.datetime | None = None,
     *,
+    key: str | None = None,
     deliver_at: dt.datetime | None = None,
 ) -> Message:
     """Return a message for ``topic`` with ``payload`` encoded as compact JSON.
@@ -150,8 +156,13 @@ def new_message(
     creation time. ``now`` (default: the current time) and ``deliver_at`` must
     be aware; both are kept in UTC, truncated to whole milliseconds. A message
     with ``deliver_at`` is not claimed before then.
+
+    ``key`` (at most MAX_KEY characters) orders the topic's messages that share
+    it: each is delivered only after every earlier one of the key was delivered
+    (or buried, where the topic skips buried messages), one at a time.
     """
     validate_topic(topic)
+    validate_key(key)
     created = _instant(now or dt.datetime.now(dt.UTC), "now")
     later = None if deliver_at is None else _instant(deliver_at, "deliver_at")
     try:
@@ -174,7 +185,24 @@ def new_message(
         payload=data,
         created_at=created,
         deliver_at=later,
+        key=key,
     )
+
+
+MAX_KEY = 200
+"""Longest key, in characters."""
+
+
+def validate_key(key: object) -> None:
+    """ValueError unless ``key`` is None or a string of 1 to MAX_KEY characters without NUL."""
+    if key is None:
+        return
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"outbox: a message key is a non-empty string, not {key!r}")
+    if len(key) > MAX_KEY:
+        raise ValueError(f"outbox: a message key has at most {MAX_KEY} characters, not {len(key)}")
+    if "\x00" in key:
+        raise ValueError("outbox: a message key may not hold a NUL character")
 
 
 def loads_strict(text: str | bytes) -> Any:
@@ -189,6 +217,7 @@ def check_message(m: Message) -> Message:
     """``m``, or ValueError when it could not have come from new_message: a bad topic,
     or a payload that is not JSON new_message would write, or a naive datetime."""
     validate_topic(m.topic)
+    validate_key(m.key)
     for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
         if at is not None and (at.tzinfo is None or at.utcoffset() is None):
             raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")

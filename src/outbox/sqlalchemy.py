@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import checked, insert_params, named_to
+from outbox.postgres.producer import INSERT_KEYED, checked, insert_params, named_to
 from outbox.wake import CHANNEL, WAKES
 
 if TYPE_CHECKING:
@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 __all__ = ["add", "add_async"]
 
 _SQL, _ = named_to("colon")
+_SQL_KEYED, _ = named_to("colon", INSERT_KEYED)
+
+
+def _statement(params: dict[str, object]) -> str:
+    return _SQL_KEYED if "keys" in params else _SQL
 
 
 def add(bind: Session | Connection, /, *msgs: Message) -> None:
@@ -42,7 +47,8 @@ def add(bind: Session | Connection, /, *msgs: Message) -> None:
         conn = bind
     _check(conn.in_transaction(), conn.connection.dbapi_connection, "the SQLAlchemy connection")
     if msgs:
-        conn.execute(text(_SQL), insert_params(msgs, text_ids=True))
+        params = insert_params(msgs, text_ids=True)
+        conn.execute(text(_statement(params)), params)
         if isinstance(bind, Session):
             _wake_after_commit(bind, msgs)
 
@@ -62,7 +68,8 @@ async def add_async(bind: AsyncSession | AsyncConnection, /, *msgs: Message) -> 
     raw = await conn.get_raw_connection()
     _check(conn.in_transaction(), raw.dbapi_connection, "the SQLAlchemy connection")
     if msgs:
-        await conn.execute(text(_SQL), insert_params(msgs, text_ids=True))
+        params = insert_params(msgs, text_ids=True)
+        await conn.execute(text(_statement(params)), params)
         if isinstance(bind, AsyncSession):
             _wake_after_commit(bind.sync_session, msgs)
 

@@ -94,6 +94,9 @@ class TopicSettings:
     updated_at: dt.datetime | None = None
     owner_since: dt.datetime | None = None
     """Creation time of the OutboxTopic that governs the entry (None: not a resource)."""
+    on_buried: str | None = None
+    """What a buried message does to the later ones of its key: ``block`` (None,
+    the default: they wait until it is requeued or purged) or ``skip``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import checked, insert_params, named_to
+from outbox.postgres.producer import INSERT_KEYED, checked, insert_params, named_to
 from outbox.wake import CHANNEL, WAKES
 
 __all__ = ["add"]
 
 _SQL, _NAMES = named_to("format")
+_SQL_KEYED, _NAMES_KEYED = named_to("format", INSERT_KEYED)
 
 
 def add(*msgs: Message, using: str = "default") -> None:
@@ -32,8 +33,9 @@ def add(*msgs: Message, using: str = "default") -> None:
     if not msgs:
         return
     params = insert_params(msgs, text_ids=True)
+    sql, names = (_SQL_KEYED, _NAMES_KEYED) if "keys" in params else (_SQL, _NAMES)
     with connection.cursor() as cursor:
-        cursor.execute(_SQL, [params[name] for name in _NAMES])
+        cursor.execute(sql, [params[name] for name in names])
     topics = {m.topic for m in msgs}
     transaction.on_commit(lambda: _wake(topics, using), using=using)
 

@@ -61,6 +61,8 @@ def check_entry(
     elif handler not in builtin_topics:
         known = sorted(set(kinds) | builtin_topics)
         raise EntryError("handler", f"{handler!r} is unknown; known: {known}")
+    if entry.on_buried not in (None, "block", "skip"):
+        raise EntryError("ordering", f"onBuried is block or skip, not {entry.on_buried!r}")
     if entry.timeout is not None:
         if entry.timeout <= dt.timedelta(0):
             raise EntryError("timeout", "must be longer than 0s")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "INSERT_KEYED",
     "INSERT_MANY",
     "add",
     "add_sync",
@@ -45,6 +46,7 @@ __all__ = [
 
 INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
+INSERT_KEYED = QUERIES["message_insert_keyed"]
 NOTIFY: LiteralString = "SELECT pg_notify(%s, %s)"
 
 _PENDING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -57,13 +59,24 @@ def insert_params(msgs: Sequence[Message], *, text_ids: bool = False) -> dict[st
     ``text_ids`` passes ids as strings, which every driver adapts (psycopg2
     cannot adapt a UUID without a registered adapter).
     """
-    return {
+    params = {
         "ids": [str(m.id) if text_ids else m.id for m in msgs],
         "topics": [m.topic for m in msgs],
         "payloads": [m.payload.decode() for m in msgs],
         "created": [m.created_at for m in msgs],
         "due": [m.deliver_at or m.created_at for m in msgs],
     }
+    if any(m.key is not None for m in msgs):  # INSERT_KEYED's; unkeyed inserts stay as they were
+        params["keys"] = [m.key for m in msgs]
+    return params
+
+
+def insert(msgs: Sequence[Message]) -> tuple[LiteralString, dict[str, Any]]:
+    """The statement and parameters that add ``msgs`` (psycopg's placeholders)."""
+    if len(msgs) == 1 and msgs[0].key is None:
+        return INSERT_ONE, _one(msgs[0])
+    params = insert_params(msgs)
+    return (INSERT_KEYED if "keys" in params else INSERT_MANY), params
 
 
 def _one(m: Message) -> dict[str, Any]:
@@ -98,10 +111,8 @@ async def add(conn: psycopg.AsyncConnection[Any], /, *msgs: Message) -> None:
     """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
     checked(msgs)
     _in_transaction(conn)
-    if len(msgs) == 1:
-        await conn.execute(INSERT_ONE, _one(msgs[0]))
-    elif msgs:
-        await conn.execute(INSERT_MANY, insert_params(msgs))
+    if msgs:
+        await conn.execute(*insert(msgs))
     _PENDING.setdefault(conn, set()).update(m.topic for m in msgs)
 
 
@@ -109,10 +120,8 @@ def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
     """Insert ``msgs`` through ``conn``, inside the caller's open transaction."""
     checked(msgs)
     _in_transaction(conn)
-    if len(msgs) == 1:
-        conn.execute(INSERT_ONE, _one(msgs[0]))
-    elif msgs:
-        conn.execute(INSERT_MANY, insert_params(msgs))
+    if msgs:
+        conn.execute(*insert(msgs))
     _PENDING.setdefault(conn, set()).update(m.topic for m in msgs)
 
 

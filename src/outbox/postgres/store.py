@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, LiteralString
 
@@ -43,6 +43,7 @@ __all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepali
 _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
+_KEY_UNPARK = QUERIES["key_unpark"]
 _RETRY = QUERIES["message_retry"]
 _RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
@@ -185,6 +186,7 @@ class PostgresStore:
                 payload=r[2].encode(),
                 created_at=r[3].astimezone(utc),
                 attempts=r[4],
+                key=r[6],
                 lease=token,
             )
             for r in rows
@@ -194,12 +196,25 @@ class PostgresStore:
         return claimed
 
     async def ack(self, message_id: uuid.UUID) -> None:
-        await self._change_one(_ACK, {"id": message_id})
+        rows = await self._fetch(_ACK, {"id": message_id})
+        if not rows:
+            raise NotFound(message_id)
+        await self._unpark(rows)
 
     async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
         if not message_ids:
             return 0
-        return await self._count(_ACK_MANY, {"ids": list(message_ids)})
+        [(n, topics, keys)] = await self._fetch(_ACK_MANY, {"ids": list(message_ids)})
+        if topics:
+            await self._unpark(zip(topics, keys, strict=True))
+        return int(n)
+
+    async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
+        """Unpark the next message of each key whose head just left (key_unpark)."""
+        pairs = sorted({(t, k) for t, k in gone if k is not None})
+        if pairs:
+            topics, keys = zip(*pairs, strict=True)
+            await self._count(_KEY_UNPARK, {"topics": list(topics), "keys": list(keys)})
 
     async def retry_many(
         self,
@@ -231,7 +246,9 @@ class PostgresStore:
             "tokens": [m.lease for m, _ in items],
             "reasons": [r for _, r in items],
         }
-        return {r[0] for r in await self._fetch(_BURY_MANY, params)}
+        rows = await self._fetch(_BURY_MANY, params)
+        await self._unpark((r[1], r[2]) for r in rows)  # where the topic skips buried heads
+        return {r[0] for r in rows}
 
     async def release(
         self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
@@ -371,19 +388,25 @@ class PostgresStore:
         params = {"now": now, "older_than": older_than, "topic": topic}
         if dry_run:
             return await self._buried_count({**params, "ids": None})
-        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch})
+        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch}, unpark=True)
 
     async def _buried_count(self, params: dict[str, Any]) -> int:
         [(n,)] = await self._fetch(_BURIED_COUNT, params)
         return int(n)
 
-    async def _in_batches(self, query: LiteralString, params: dict[str, Any]) -> int:
-        """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch."""
+    async def _in_batches(
+        self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
+    ) -> int:
+        """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch;
+        with ``unpark``, each batch's (topic, key) rows go to key_unpark after it."""
         done = 0
         async with self._translated(bounded=False), self.pool.connection() as conn:
             while True:
                 async with self._bounded(), conn.transaction():
                     cur = await conn.execute(query, params)
+                    gone = await cur.fetchall() if unpark else []
+                if gone:
+                    await self._unpark(gone)
                 done += cur.rowcount
                 if cur.rowcount < params["limit"]:
                     return done
@@ -477,6 +500,7 @@ def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str,
         "timeout": settings.timeout,
         "max_in_flight": settings.max_in_flight,
         "source": settings.source,
+        "on_buried": settings.on_buried,
         "now": now,
     }
 

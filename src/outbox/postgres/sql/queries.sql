@@ -19,6 +19,20 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
             CAST(%(created)s AS timestamptz[]), CAST(%(due)s AS timestamptz[]))
      AS m(id, topic, payload, created_at, due_at);
 
+-- message_insert_keyed --
+-- Add several messages, some with a key (message_insert_many's form): a keyed
+-- message takes its place in its key from outbox_messages_seq, in the order
+-- given (volatile output is computed after the ORDER BY); an unkeyed one calls
+-- nothing.
+INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq)
+SELECT m.id, m.topic, CAST(m.payload AS json), m.created_at, m.due_at, m.key,
+       CASE WHEN m.key IS NULL THEN NULL ELSE nextval('outbox_messages_seq') END
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads)s AS text[]),
+            CAST(%(created)s AS timestamptz[]), CAST(%(due)s AS timestamptz[]),
+            CAST(%(keys)s AS text[]))
+     WITH ORDINALITY AS m(id, topic, payload, created_at, due_at, key, n)
+ORDER BY m.n;
+
 -- message_claim --
 -- Lease up to %(limit)s due messages, earliest due first, for %(lease)s under
 -- a fresh %(token)s; report the orphans it left.
@@ -62,7 +76,8 @@ WITH clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 ready AS MATERIALIZED (
-    SELECT id, due_at, false AS orphan, false AS lease_solo, octet_length(payload::text) AS size
+    SELECT id, due_at, false AS orphan, false AS lease_solo, octet_length(payload::text) AS size,
+           topic, key, seq
     FROM outbox_messages
     WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
       AND due_at <= (SELECT now FROM clock)
@@ -70,41 +85,42 @@ ready AS MATERIALIZED (
       AND NOT %(solo)s
     ORDER BY due_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- The same rows, found topic by topic (%(by_topic)s: a few topics), so rows of
 -- topics not in %(topics)s are never walked; the merge below restores the order.
 ready_by_topic AS MATERIALIZED (
-    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo, c.size
+    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo, c.size, k.topic, c.key, c.seq
     FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s
                      THEN string_to_array(%(topics)s::text, ',') END) AS k(topic)
     CROSS JOIN LATERAL (
-        SELECT id, due_at, octet_length(payload::text) AS size
+        SELECT id, due_at, octet_length(payload::text) AS size, key, seq
         FROM outbox_messages
         WHERE buried_at IS NULL AND leased_until IS NULL
           AND due_at <= (SELECT now FROM clock)
           AND topic = k.topic
         ORDER BY due_at, id
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     ) AS c
 ),
 orphans AS MATERIALIZED (
-    SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size
+    SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size,
+           topic, key, seq
     FROM outbox_messages
     WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
     ORDER BY due_at, id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 capped AS MATERIALIZED (
-    SELECT c.id, c.due_at, c.orphan, c.lease_solo, c.size
+    SELECT c.id, c.due_at, c.orphan, c.lease_solo, c.size, k.topic, c.key, c.seq
     FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
     CROSS JOIN LATERAL (
         SELECT * FROM (
             SELECT id, due_at, false AS orphan, false AS lease_solo,
-                   octet_length(payload::text) AS size
+                   octet_length(payload::text) AS size, key, seq
             FROM outbox_messages
             WHERE buried_at IS NULL AND leased_until IS NULL
               AND due_at <= (SELECT now FROM clock)
@@ -112,17 +128,18 @@ capped AS MATERIALIZED (
               AND NOT %(solo)s
             ORDER BY due_at, id
             LIMIT k.n
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ) AS r
         UNION ALL
         SELECT * FROM (
-            SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size
+            SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size,
+                   key, seq
             FROM outbox_messages
             WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
               AND topic = k.topic
             ORDER BY due_at, id
             LIMIT k.n
-            FOR UPDATE SKIP LOCKED
+            FOR NO KEY UPDATE SKIP LOCKED
         ) AS o
         ORDER BY due_at, id
         LIMIT k.n
@@ -139,12 +156,35 @@ candidates AS MATERIALIZED (
     ORDER BY due_at, id
     LIMIT %(limit)s
 ),
+-- A keyed candidate behind an earlier message of its key that is not acked
+-- (nor buried, where its topic skips buried messages) waits: it is parked
+-- (leased until 'infinity', no token), so no claim walks it again until the
+-- head's ack unparks it. The earlier rows are read FOR KEY SHARE: an ack in
+-- progress is waited for (then the row is gone), and a retry or burial that
+-- committed after this statement began is seen as it is now. Candidates are
+-- locked FOR NO KEY UPDATE, which these share-locks do not wait for.
+behind AS MATERIALIZED (
+    SELECT c.id FROM candidates AS c
+    WHERE c.key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM outbox_messages AS e
+        WHERE e.topic = c.topic AND e.key = c.key AND e.seq < c.seq
+          AND (e.buried_at IS NULL
+               OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+        FOR KEY SHARE OF e
+    )
+),
+parked AS (
+    UPDATE outbox_messages SET leased_until = 'infinity', lease_token = NULL
+    WHERE id IN (SELECT id FROM behind)
+),
 -- Bounded by bytes too: candidates in order while the payloads before them
 -- add up to less than %(max_bytes)s (the first is always taken). The rest
 -- stay unclaimed; their row locks end with the statement.
 picked AS MATERIALIZED (
     SELECT id, due_at, orphan, lease_solo FROM (
-        SELECT *, sum(size) OVER (ORDER BY due_at, id) - size AS b FROM candidates
+        SELECT *, sum(size) OVER (ORDER BY due_at, id) - size AS b
+        FROM candidates
+        WHERE id NOT IN (SELECT id FROM behind)
     ) AS s
     WHERE %(max_bytes)s::bigint IS NULL OR s.b < %(max_bytes)s
 ),
@@ -166,23 +206,50 @@ claimed AS (
       -- Nothing behind an orphan is taken before the orphan is delivered.
       AND (%(solo)s OR NOT %(isolate)s OR NOT EXISTS (
           SELECT 1 FROM first_orphan AS f WHERE (p.due_at, p.id) > (f.due_at, f.id)))
-    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts
+    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key
 )
-SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan
+SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan, c.key
 FROM picked AS p
 LEFT JOIN claimed AS c ON c.id = p.id
 ORDER BY p.due_at, p.id;
 
 -- message_ack --
--- Remove a delivered message.
-DELETE FROM outbox_messages WHERE id = %(id)s;
+-- Remove a delivered message; its topic and key, for key_unpark.
+DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
 
 -- message_ack_many --
 -- Remove a batch of delivered messages in one round trip. Not fenced: a
 -- message that was delivered needs no further delivery, whoever holds it now.
 -- Ids go in binary (%(ids)b, as in the other batched writes): 16 bytes each,
--- no text to quote and parse.
-DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
+-- no text to quote and parse. Returns how many, and the topics and keys of
+-- the keyed ones (for key_unpark).
+WITH gone AS (
+    DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]) RETURNING topic, key
+)
+SELECT count(*), array_agg(topic) FILTER (WHERE key IS NOT NULL),
+       array_agg(key) FILTER (WHERE key IS NOT NULL)
+FROM gone;
+
+-- key_unpark --
+-- Unpark the head of each key of %(topics)s and %(keys)s (pairs): its first
+-- message that is not acked (nor buried, where its topic skips buried ones),
+-- if a claim parked it. Run after the ack, burial or purge that removed the
+-- earlier head committed, in a statement of its own: its snapshot then sees
+-- what every claim that parked a message behind that head committed, and a
+-- claim still deciding is waited for (FOR UPDATE), so no message stays
+-- parked behind a head that is gone.
+UPDATE outbox_messages AS m SET leased_until = NULL
+FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+CROSS JOIN LATERAL (
+    SELECT e.id FROM outbox_messages AS e
+    WHERE e.topic = k.topic AND e.key = k.key
+      AND (e.buried_at IS NULL
+           OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+    ORDER BY e.seq
+    LIMIT 1
+    FOR UPDATE OF e
+) AS h
+WHERE m.id = h.id AND m.leased_until = 'infinity';
 
 -- message_retry --
 -- Make one message due again at %(at)s, keeping the reason; with %(token)s
@@ -224,7 +291,7 @@ SET buried_at = coalesce(%(now)s::timestamptz, now()), leased_until = NULL,
     last_error = o.reason
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(reasons)s::text[]) AS o(id, token, reason)
 WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
-RETURNING m.id;
+RETURNING m.id, m.topic, m.key;
 
 -- message_release --
 -- Hand leased messages back, due at once in their old place in line, without
@@ -312,7 +379,8 @@ WHERE id IN (
       AND (%(topic)s::text IS NULL OR topic = %(topic)s)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-);
+)
+RETURNING topic, key;
 
 -- backlog_read --
 -- The last backlog measurement, and whether it was taken within %(max_age)s
@@ -346,18 +414,20 @@ SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 -- topic_list --
 -- The whole topic registry.
 SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
-       owner_since
+       owner_since, on_buried
 FROM outbox_topics
 ORDER BY topic;
 
 -- topic_upsert --
 -- Create or replace one topic's registry entry.
 INSERT INTO outbox_topics
-    (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at)
+    (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
+     on_buried)
 VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
-        %(max_in_flight)s, %(source)s, coalesce(%(now)s::timestamptz, now()))
+        %(max_in_flight)s, %(source)s, coalesce(%(now)s::timestamptz, now()), %(on_buried)s)
 ON CONFLICT (topic) DO UPDATE
 SET enabled = excluded.enabled,
+    on_buried = excluded.on_buried,
     handler = excluded.handler,
     config = excluded.config,
     max_attempts = excluded.max_attempts,
@@ -378,12 +448,13 @@ SET enabled = excluded.enabled,
 WITH written AS (
     INSERT INTO outbox_topics
         (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source,
-         owner_since, updated_at)
+         owner_since, updated_at, on_buried)
     VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
             %(max_in_flight)s, %(source)s, %(owner_since)s,
-            coalesce(%(now)s::timestamptz, now()))
+            coalesce(%(now)s::timestamptz, now()), %(on_buried)s)
     ON CONFLICT (topic) DO UPDATE
     SET enabled = excluded.enabled,
+        on_buried = excluded.on_buried,
         handler = excluded.handler,
         config = excluded.config,
         max_attempts = excluded.max_attempts,
