@@ -1,0 +1,139 @@
+"""Ordering per key, on every store: a key's messages one at a time, in order."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from outbox import Message, Store, new_message
+from outbox.store import TopicSettings
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+LEASE = dt.timedelta(minutes=1)
+TOPIC = "orders.events"
+
+
+async def add(store: Store[Any], *msgs: Message) -> list[Message]:
+    async with store.begin() as tx:
+        await store.add(tx, *msgs)
+    return list(msgs)
+
+
+def keyed(key: str | None, n: int, at: dt.datetime = T0) -> list[Message]:
+    return [new_message(TOPIC, {"n": i}, at, key=key) for i in range(n)]
+
+
+async def claim(store: Store[Any], at: dt.datetime = T0, limit: int = 10) -> list[Message]:
+    return list(await store.claim(at, LEASE, limit))
+
+
+def ns(msgs: list[Message]) -> list[tuple[str | None, int]]:
+    return [(m.key, m.json()["n"]) for m in msgs]
+
+
+async def test_a_key_is_delivered_one_message_at_a_time_in_order(store: Store[Any]) -> None:
+    await add(store, *keyed("order-1", 3))  # one transaction: the order given
+    for later in keyed("order-1", 2):  # then one after another
+        await add(store, new_message(TOPIC, {"n": later.json()["n"] + 3}, T0, key="order-1"))
+
+    seen = []
+    while got := await claim(store):
+        assert len(got) == 1, "at most one message of a key in flight"
+        seen += ns(got)
+        assert not await claim(store), "nothing of the key while its head is in flight"
+        await store.ack_many([m.id for m in got])
+
+    assert seen == [("order-1", n) for n in range(5)]
+
+
+async def test_other_keys_and_unkeyed_messages_are_never_held_back(store: Store[Any]) -> None:
+    await add(store, *keyed("a", 2), *keyed("b", 2), *keyed(None, 3))
+
+    got = await claim(store)
+
+    assert sorted(ns(got), key=str) == sorted(
+        [("a", 0), ("b", 0), (None, 0), (None, 1), (None, 2)], key=str
+    )
+
+
+async def test_a_failing_head_holds_its_key_and_its_successors_spend_no_attempts(
+    store: Store[Any],
+) -> None:
+    head, nxt = await add(store, *keyed("k", 2))
+    [got] = await claim(store)
+    assert got.id == head.id
+    await store.retry_many([(got, dt.timedelta(minutes=5), "receiver down")], now=T0)
+
+    assert await claim(store, T0 + dt.timedelta(minutes=1)) == []
+    [again] = await claim(store, T0 + dt.timedelta(minutes=5))
+    assert (again.id, again.attempts) == (head.id, 2)
+    await store.ack_many([again.id])
+    [then] = await claim(store, T0 + dt.timedelta(minutes=5))
+    assert (then.id, then.attempts) == (nxt.id, 1)
+
+
+async def test_a_buried_head_blocks_its_key_until_requeued_then_goes_first(
+    store: Store[Any],
+) -> None:
+    head, *rest = await add(store, *keyed("k", 3))
+    [got] = await claim(store)
+    await store.bury_many([(got, "poison")], now=T0)
+
+    assert await claim(store) == [], "block: the successors wait"
+    await store.requeue(ids=[head.id], now=T0)
+    order = []
+    while got_now := await claim(store, T0 + dt.timedelta(seconds=1)):
+        order += [m.id for m in got_now]
+        await store.ack_many([m.id for m in got_now])
+
+    assert order == [head.id, *(m.id for m in rest)]
+
+
+async def test_purging_a_buried_head_lets_its_key_go_on(store: Store[Any]) -> None:
+    head, nxt = await add(store, *keyed("k", 2))
+    [got] = await claim(store)
+    await store.bury_many([(got, "poison")], now=T0)
+    assert await claim(store) == []
+
+    assert await store.purge_buried(dt.timedelta(0), now=T0 + dt.timedelta(seconds=1)) == 1
+
+    assert [m.id for m in await claim(store)] == [nxt.id]
+
+
+async def test_a_topic_that_skips_buried_messages_goes_on_past_them(store: Store[Any]) -> None:
+    await store.set_topic(TopicSettings(TOPIC, handler="log", on_buried="skip"))
+    head, nxt = await add(store, *keyed("k", 2))
+    [got] = await claim(store)
+    await store.bury_many([(got, "poison")], now=T0)
+
+    assert [m.id for m in await claim(store)] == [nxt.id]
+    assert (await store.get(head.id)).buried_at is not None
+
+
+async def test_an_orphan_keeps_its_place_in_its_key(store: Store[Any]) -> None:
+    head, _ = await add(store, *keyed("k", 2))
+    [got] = await claim(store)  # its relay dies with it
+
+    assert await claim(store, T0 + LEASE / 2) == []
+    [again] = await claim(store, T0 + LEASE)
+    assert (again.id, again.attempts) == (head.id, 2)
+
+
+async def test_a_head_due_later_delays_its_key_only(store: Store[Any]) -> None:
+    later = T0 + dt.timedelta(minutes=10)
+    head = new_message(TOPIC, {"n": 0}, T0, key="k", deliver_at=later)
+    await add(store, head, new_message(TOPIC, {"n": 1}, T0, key="k"), *keyed("other", 1))
+
+    first = await claim(store)
+    assert ns(first) == [("other", 0)]
+    await store.ack_many([m.id for m in first])
+    assert ns(await claim(store, later)) == [("k", 0)]
+
+
+async def test_a_key_is_a_string_of_at_most_200_characters() -> None:
+    assert new_message(TOPIC, {}, key="k" * 200).key == "k" * 200
+    for bad in ["", "k" * 201, "a\x00b", 7]:
+        with pytest.raises(ValueError, match="key"):
+            new_message(TOPIC, {}, key=bad)  # type: ignore[arg-type]
