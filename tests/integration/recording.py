@@ -72,6 +72,29 @@ def file_handlers() -> dict[str, Any]:
     return {TOPIC: record_to_file}
 
 
+KEYED = "test.keyed"
+
+
+async def keyed_start(m: Message) -> None:
+    """Record the start (key, n, pid, attempt) in RECORDING_FILE; then one first
+    attempt in 30 (by id, so every relay agrees) fails."""
+    line = f"{m.key} {m.json()['n']} {os.getpid()} {m.attempts}\n".encode()
+    fd = os.open(os.environ["RECORDING_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    delay = float(os.environ.get("RECORDING_DELAY", "0"))
+    if delay:
+        await anyio.sleep(delay)
+    if m.attempts == 1 and m.id.int % 30 == 0:
+        raise ConnectionError("receiver hiccup")
+
+
+def keyed_handlers() -> dict[str, Any]:
+    return {KEYED: keyed_start}
+
+
 def recorded(path: Any) -> list[str]:
     """The message ids RECORDING_FILE holds, one per handler start, in order."""
     try:
