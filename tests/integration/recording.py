@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from outbox import Message
+from outbox import Message, Permanent
 
 TOPIC = "test.record"
 DDL = """
@@ -87,6 +87,8 @@ async def keyed_start(m: Message) -> None:
     delay = float(os.environ.get("RECORDING_DELAY", "0"))
     if delay:
         await anyio.sleep(delay)
+    if m.json().get("poison"):
+        raise Permanent("a payload no retry can help")
     if m.attempts == 1 and m.id.int % 30 == 0:
         raise ConnectionError("receiver hiccup")
 

@@ -9,11 +9,12 @@ import signal
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
-from tests.integration.process import RelayProcess, count, wait_until
+from tests.integration.process import RelayProcess, count, run_outbox, wait_until
 
 KEYS, PER_KEY = 60, 25
 
@@ -81,3 +82,48 @@ def test_three_relays_killed_mid_backlog_start_no_message_before_an_earlier_one_
         early = [(a, b) for a, b in itertools.pairwise(ns) if b < a]
         assert not early, f"{key}: a start before an earlier message's: {early[:3]} in {ns}"
     assert len(seen) > total, "no failure or kill made a redelivery: the test proved little"
+
+
+@pytest.mark.parametrize("on_buried", ["block", "skip"])
+def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
+    db: str, relays: list[RelayProcess], tmp_path: Path, on_buried: str
+) -> None:
+    record = tmp_path / "starts"
+    env = {"OUTBOX_DATABASE_URL": db}
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_HANDLERS="tests.integration.recording:keyed_handlers",
+        OUTBOX_INTERVAL="100ms",
+        RECORDING_FILE=str(record),
+        **env,
+    )
+    relays.append(relay)
+    relay.wait_ready()
+    # An entry for a topic the relays' own handlers serve: only its ordering.
+    tuned = run_outbox("topics", "set", recording.KEYED, "--on-buried", on_buried, **env)
+    assert tuned.returncode == 0, tuned.stderr
+    with psycopg.connect(db) as conn, conn.transaction():
+        add_sync(
+            conn,
+            new_message(recording.KEYED, {"n": 0, "poison": True}, key="p"),
+            *(new_message(recording.KEYED, {"n": n}, key=k) for n in (1, 2) for k in "pq"),
+        )
+    buried = "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL"
+    wait_until("the poison's burial", lambda: count(db, buried) == 1)
+    wait_until("key q", lambda: {("q", 1), ("q", 2)} <= set(starts(record)))
+    with psycopg.connect(db) as conn, conn.transaction():  # a later message, to see polls pass
+        add_sync(conn, new_message(recording.KEYED, {"n": 3}, key="q"))
+    wait_until("key q's last", lambda: ("q", 3) in starts(record))
+
+    p = [n for k, n in starts(record) if k == "p"]
+    if on_buried == "skip":
+        wait_until(
+            "key p past its poison", lambda: [n for k, n in starts(record) if k == "p"] == [0, 1, 2]
+        )
+        return
+    assert p == [0], "block: nothing of the key after its buried head"
+    purged = run_outbox("buried", "purge", "--older-than", "0s", "--yes", **env)
+    assert purged.returncode == 0, purged.stderr
+    wait_until(
+        "key p after the purge", lambda: [n for k, n in starts(record) if k == "p"] == [0, 1, 2]
+    )

@@ -245,6 +245,7 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
                     "max_attempts": e.max_attempts if e else None,
                     "timeout": format_duration(e.timeout) if e and e.timeout else None,
                     "max_in_flight": e.max_in_flight if e else None,
+                    "on_buried": (e.on_buried or "block") if e else "block",
                     "source": e.source if e else None,
                     "relays": serving.get(name, 0),
                     "pending": st.pending if st else 0,
@@ -317,10 +318,12 @@ async def topics_set(
     if "config" in fields and fields["config"] is None:
         fields["config"] = {}
     entry = dataclasses.replace(current, source="cli", **fields)
-    checked(entry, lease=lease, kinds=kinds)
+    served = frozenset(t for r in await store.relays() for t in r.topics)
+    checked(entry, lease=lease, kinds=kinds, served=served)
     await store.set_topic(entry, now)
     state = "enabled" if entry.enabled else "paused"
-    out.write(f"{topic}: {state}, handler {entry.handler or 'built-in'}\n")
+    ordering = f", on buried: {entry.on_buried}" if entry.on_buried else ""
+    out.write(f"{topic}: {state}, handler {entry.handler or 'built-in'}{ordering}\n")
     return entry
 
 
@@ -386,6 +389,7 @@ _FLAGS = {
     "timeout": "--timeout",
     "maxAttempts": "--max-attempts",
     "maxInFlight": "--max-in-flight",
+    "ordering": "--on-buried",
 }
 
 
@@ -394,8 +398,13 @@ def checked(
     *,
     lease: dt.timedelta,
     kinds: Mapping[str, HandlerKind] | None = None,
+    served: frozenset[str] = frozenset(),
 ) -> TopicSettings:
-    """``entry``, or ConfigError naming the flag when relays could not deliver it."""
+    """``entry``, or ConfigError naming the flag when relays could not deliver it.
+
+    ``served``: topics live relays have handlers of their own for
+    (OUTBOX_HANDLERS), which an entry may tune without naming a handler.
+    """
     from outbox.handlers import HandlerKinds
     from outbox.handlers.mail.topics import TOPICS
     from outbox.handlers.registry import EntryError, check_entry
@@ -404,7 +413,7 @@ def checked(
         check_entry(
             entry,
             lease=lease,
-            builtin_topics=TOPICS,
+            builtin_topics=TOPICS | served,
             kinds=HandlerKinds().mapping if kinds is None else kinds,
         )
     except EntryError as exc:

@@ -66,6 +66,12 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         type=optional(positive),
         help="most deliveries of the topic in flight in one relay, or 'default'",
     )
+    tune.add_argument(
+        "--on-buried",
+        choices=("block", "skip"),
+        help="what a buried message does to the later ones of its key: they wait "
+        "until it is requeued or purged (block, the default) or go on (skip)",
+    )
     state = tune.add_mutually_exclusive_group()
     state.add_argument("--enabled", dest="enabled", action="store_const", const=True)
     state.add_argument("--paused", dest="enabled", action="store_const", const=False)
@@ -77,7 +83,7 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
         act = actions.add_parser(name, help=f"{name} delivery of a topic")
         act.add_argument("topic", type=topic)
         act.set_defaults(func=_topics_set, enabled=enabled, handler=None, config=None)
-        act.set_defaults(max_attempts=None, timeout=None, max_in_flight=None)
+        act.set_defaults(max_attempts=None, timeout=None, max_in_flight=None, on_buried=None)
         embedded_flag(act)
         force_flag(act)
 
@@ -114,6 +120,7 @@ def _topics_set(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             timeout=args.timeout,
             max_in_flight=args.max_in_flight,
+            on_buried=args.on_buried,
             force=args.force,
         ),
         args,

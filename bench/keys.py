@@ -1,0 +1,114 @@
+"""What ordering per key costs the drain: unkeyed, keyed over many keys, one hot key.
+
+One relay (``Relay.run()``, batch 100, interval 10 ms, a no-op handler) drains,
+in a fresh schema each, in one run:
+
+- ``--messages`` unkeyed messages;
+- the same number with keys, spread over ``--keys`` keys (interleaved, as
+  orders arrive);
+- ``--hot`` messages of one key.
+
+Reported: messages per second, and the keyed drains over the unkeyed one.
+
+    python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
+
+Figures and the command that made them live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+TOPIC = "bench.keys"
+
+
+async def drain(url: str, keys: list[str | None], rounds: int) -> float:
+    import psycopg
+    from prometheus_client import CollectorRegistry
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from outbox import Message, Relay, RelayConfig, new_message
+    from outbox.postgres import PostgresStore, connect_pool, migrate
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    try:
+        await migrate(conninfo)
+        async with connect_pool(conninfo, max_size=4) as pool:
+            store = PostgresStore(pool)
+            for start in range(0, len(keys), 1000):
+                async with store.begin() as tx:
+                    await store.add(
+                        tx,
+                        *(new_message(TOPIC, {"n": i}, key=keys[i])
+                          for i in range(start, min(start + 1000, len(keys)))),
+                    )  # fmt: skip
+            done = anyio.Event()
+            seen = 0
+
+            async def noop(m: Message) -> None:
+                nonlocal seen
+                seen += 1
+                if seen == len(keys):
+                    done.set()
+
+            cfg = RelayConfig.model_validate({"batch": 100, "interval": "10ms"})
+            relay = Relay(
+                store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
+            )
+            started = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(relay.run)
+                await done.wait()
+                took = time.perf_counter() - started
+                relay.stop()
+            return len(keys) / took
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(
+            "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+    )
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--hot", type=int, default=2_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    n = args.messages
+    print(
+        f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed"
+        f" | one hot key ({args.hot}) |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for r in range(args.rounds):
+        plain = anyio.run(drain, args.database_url, [None] * n, r)
+        spread = anyio.run(drain, args.database_url, [f"k{i % args.keys}" for i in range(n)], r)
+        hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, r)
+        print(
+            f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x | {hot:,.0f} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
