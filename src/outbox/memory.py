@@ -25,6 +25,7 @@ from outbox.message import Message, check_message, validate_topic
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
+    BlockedKey,
     Claimed,
     RelayInfo,
     StoredMessage,
@@ -304,6 +305,37 @@ class MemoryStore:
                 budget -= 1
         return dict(sorted(buried.items()))
 
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        keys: dict[tuple[str, str], list[_Row]] = {}
+        for r in sorted(self._rows.values(), key=lambda r: r.seq):
+            m = r.message
+            if m.key is not None and (topic is None or m.topic == topic):
+                keys.setdefault((m.topic, m.key), []).append(r)
+        found = []
+        for (t, k), rows in keys.items():
+            live = [r for r in rows if r.buried_at is None or not self._skips(t)]
+            if not live or not any(self._waits(r) for r in live[1:]):
+                continue
+            head = live[0]
+            if head.buried_at is None and head.last_error is None:
+                continue
+            since = head.buried_at or head.message.created_at
+            waiting = sum(self._waits(r) for r in live[1:])
+            found.append(
+                BlockedKey(t, k, head.message.id, since, head.last_error,
+                           head.buried_at is not None, waiting)
+            )  # fmt: skip
+        return sorted(found, key=lambda b: (b.since, b.topic, b.key))[:limit]
+
+    def _skips(self, topic: str) -> bool:
+        entry = self._topics.get(topic)
+        return entry is not None and entry.on_buried == "skip"
+
+    @staticmethod
+    def _waits(r: _Row) -> bool:
+        """Whether ``r`` waits for its key (not buried, not in flight)."""
+        return r.buried_at is None and r.leased_until is None
+
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return self._row(message_id).state()
 
@@ -415,8 +447,7 @@ class MemoryStore:
         key = r.message.key
         if key is None:
             return True
-        entry = self._topics.get(r.message.topic)
-        skip = entry is not None and entry.on_buried == "skip"
+        skip = self._skips(r.message.topic)
         return not any(
             o.message.key == key
             and o.message.topic == r.message.topic

@@ -36,6 +36,7 @@ SWEEP_BUDGET = 250_000
 __all__ = [
     "SWEEP_BATCH",
     "SWEEP_BUDGET",
+    "BlockedKey",
     "Claimed",
     "Operator",
     "Producer",
@@ -52,6 +53,26 @@ __all__ = [
 
 Tx = TypeVar("Tx")
 Tx_contra = TypeVar("Tx_contra", contravariant=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """A key whose messages wait behind a head that is buried or keeps failing."""
+
+    topic: str
+    key: str
+    head: uuid.UUID
+    since: dt.datetime
+    """When the head was buried; for a failing head, when it was added."""
+    reason: str | None
+    """The head's last error."""
+    buried: bool
+    waiting: int
+    """Messages of the key parked behind the head (counted among at most BLOCKED_SCAN)."""
+
+
+BLOCKED_SCAN = 100_000
+"""Most waiting messages one keys_blocked call reads."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -302,6 +323,11 @@ class Operator(Protocol):
         Payloads are not read (``message.payload`` is empty; ``size`` says how
         large it is): ``get`` reads one message whole.
         """
+        ...
+
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        """Keys of ``topic`` (None: any) whose waiting messages are held by a head
+        that is buried (where its topic blocks) or has failed; longest blocked first."""
         ...
 
     async def requeue(

@@ -137,3 +137,23 @@ async def test_a_key_is_a_string_of_at_most_200_characters() -> None:
     for bad in ["", "k" * 201, "a\x00b", 7]:
         with pytest.raises(ValueError, match="key"):
             new_message(TOPIC, {}, key=bad)  # type: ignore[arg-type]
+
+
+async def test_blocked_keys_name_their_head_why_and_how_many_wait(store: Store[Any]) -> None:
+    poison, *_ = await add(store, *keyed("poisoned", 3))
+    failing, *_ = await add(store, *keyed("failing", 2))
+    await add(store, *keyed("fine", 2))
+    got = {m.key: m for m in await claim(store)}
+    await store.bury_many([(got["poisoned"], "550 no such user")], now=T0)
+    await store.retry_many([(got["failing"], dt.timedelta(minutes=5), "timeout")], now=T0)
+
+    blocked = await store.keys_blocked()
+
+    # Longest blocked first (both since T0 here), then by topic and key.
+    assert [(b.key, b.head, b.buried, b.reason, b.waiting, b.since) for b in blocked] == [
+        ("failing", failing.id, False, "timeout", 1, T0),
+        ("poisoned", poison.id, True, "550 no such user", 2, T0),
+    ]
+    assert {b.key for b in await store.keys_blocked(topic="other.topic")} == set()
+    await store.set_topic(TopicSettings(TOPIC, handler="log", on_buried="skip"))
+    assert [b.key for b in await store.keys_blocked()] == ["failing"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import signal
 from pathlib import Path
 
@@ -122,6 +123,11 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
         )
         return
     assert p == [0], "block: nothing of the key after its buried head"
+    shown = run_outbox("keys", "blocked", "--output", "json", **env)
+    assert shown.returncode == 0, shown.stderr
+    [blocked] = json.loads(shown.stdout)
+    assert (blocked["key"], blocked["buried"], blocked["waiting"]) == ("p", True, 2)
+    assert "Permanent" in blocked["reason"] or "no retry" in blocked["reason"]
     purged = run_outbox("buried", "purge", "--older-than", "0s", "--yes", **env)
     assert purged.returncode == 0, purged.stderr
     wait_until(

@@ -27,8 +27,10 @@ from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
+    BLOCKED_SCAN,
     SWEEP_BATCH,
     SWEEP_BUDGET,
+    BlockedKey,
     Claimed,
     RelayInfo,
     StoredMessage,
@@ -44,6 +46,7 @@ _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _KEY_UNPARK = QUERIES["key_unpark"]
+_KEYS_BLOCKED = QUERIES["keys_blocked"]
 _RETRY = QUERIES["message_retry"]
 _RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
@@ -344,6 +347,10 @@ class PostgresStore:
                 if n < batch:
                     break
         return dict(sorted(buried.items()))
+
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        params = {"topic": topic, "limit": limit, "scan": BLOCKED_SCAN}
+        return [BlockedKey(*r) for r in await self._fetch(_KEYS_BLOCKED, params)]
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         rows = await self._fetch(_GET, {"id": message_id})

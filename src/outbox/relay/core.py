@@ -113,8 +113,9 @@ class Relay(Delivering, Housekeeping):
         self._held: dict[Any, Held] = {}
         self._held_bytes = 0
         """Payload bytes of the messages in ``_held``."""
-        self.housekeeping_failing = False
-        """Whether the last registry read, registration or sweep failed."""
+        self.housekeeping_failing = True
+        """Whether the last registry read, registration or sweep failed (True until
+        the first succeeds: a relay the fleet cannot see yet is not ready)."""
         self._queue: collections.deque[Held] = collections.deque()
         self._topic_load: collections.Counter[str] = collections.Counter()
         self._workers = 0

@@ -382,6 +382,37 @@ WHERE id IN (
 )
 RETURNING topic, key;
 
+-- keys_blocked --
+-- Keys with messages parked behind a head that is buried (where its topic
+-- blocks) or has failed at least once: the head, since when, why, and how many
+-- wait. Reads at most %(scan)s parked rows (the leased index's 'infinity' end),
+-- then one look-up of each key's head.
+WITH waiting AS (
+    SELECT topic, key, count(*) AS n
+    FROM (
+        SELECT topic, key FROM outbox_messages
+        WHERE leased_until = 'infinity' AND buried_at IS NULL
+          AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+        LIMIT %(scan)s
+    ) AS p
+    GROUP BY topic, key
+)
+SELECT w.topic, w.key, h.id, coalesce(h.buried_at, h.created_at), h.last_error,
+       h.buried_at IS NOT NULL, w.n
+FROM waiting AS w
+CROSS JOIN LATERAL (
+    SELECT e.id, e.buried_at, e.created_at, e.last_error
+    FROM outbox_messages AS e
+    WHERE e.topic = w.topic AND e.key = w.key AND e.leased_until IS DISTINCT FROM 'infinity'
+      AND (e.buried_at IS NULL
+           OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+    ORDER BY e.seq
+    LIMIT 1
+) AS h
+WHERE h.buried_at IS NOT NULL OR h.last_error IS NOT NULL
+ORDER BY 4, 1, 2
+LIMIT %(limit)s;
+
 -- backlog_read --
 -- The last backlog measurement, and whether it was taken within %(max_age)s
 -- (by the database's clock, which took it).
