@@ -237,6 +237,7 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
         "OutboxBuriedMessagesUnattended",
         "OutboxMessagesDropped",
         "OutboxBacklogStale",
+        "OutboxKeyBlocked",
         "OutboxDeliveriesFailing",
         "OutboxDatabaseUnreachable",
         "OutboxRelaysNotPolling",

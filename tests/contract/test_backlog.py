@@ -59,3 +59,21 @@ async def test_a_running_relay_keeps_the_backlog_gauges_by_itself(store: Store[A
 
 async def _never(m: Message) -> None:
     raise AssertionError("not due")
+
+
+async def test_blocked_keys_are_counted_with_the_oldest_blocks_age(store: Store[Any]) -> None:
+    registry = CollectorRegistry()
+    now = T0 + dt.timedelta(minutes=7)
+    head, behind = (new_message("orders.events", {"n": n}, T0, key="order-1") for n in (0, 1))
+    async with store.begin() as tx:
+        await store.add(tx, head, behind)
+    [claimed] = await store.claim(T0, dt.timedelta(minutes=1), 10)  # parks what waits
+    await store.bury_many([(claimed, "poison")], now=T0)
+
+    await Backlog(store, clock=lambda: now, registry=registry).refresh()
+
+    def gauge(name: str) -> float | None:
+        return registry.get_sample_value(name, {"topic": "orders.events"})
+
+    assert gauge("outbox_blocked_keys") == 1
+    assert gauge("outbox_oldest_blocked_key_age_seconds") == 420

@@ -73,6 +73,21 @@ rendered from the chart. Runbooks: docs/runbooks.md.
           {{ "{{" }} $value | humanizeDuration {{ "}}" }} old: the topic is paused, its handler
           keeps failing, no relay serves it, or the relays cannot keep up.
         runbook_url: {{ $runbooks }}#outboxbacklogstale
+    # A key's first message is buried (on a topic that blocks) or keeps
+    # failing: the key's later messages wait, however healthy the topic looks.
+    - alert: OutboxKeyBlocked
+      expr: max by (namespace, topic) (outbox_oldest_blocked_key_age_seconds{ {{- $relays -}} }) > 600
+      for: 5m
+      labels:
+        severity: warning
+      annotations:
+        summary: "Keys of topic {{ "{{" }} $labels.topic {{ "}}" }} are blocked"
+        description: >-
+          A key of topic {{ "{{" }} $labels.topic {{ "}}" }} has waited
+          {{ "{{" }} $value | humanizeDuration {{ "}}" }} behind a buried or failing first
+          message: its later messages are not delivered. `outbox keys blocked --topic
+          {{ "{{" }} $labels.topic {{ "}}" }}` names the keys and their heads.
+        runbook_url: {{ $runbooks }}#outboxkeyblocked
     # Fires within about two minutes: with the defaults a failing message is
     # buried after eight attempts in about two minutes, and this should say
     # so while there is still time to pause the topic.

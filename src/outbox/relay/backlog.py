@@ -21,7 +21,10 @@ from outbox.clock import Clock, system_clock
 from outbox.relay.metrics import MAX_TOPIC_LABELS, OTHER, BacklogMetrics
 from outbox.store import Store
 
-__all__ = ["Backlog"]
+__all__ = ["BLOCKED_KEYS", "Backlog"]
+
+BLOCKED_KEYS = 10_000
+"""Most blocked keys one refresh counts (outbox keys blocked lists them all)."""
 
 log = logging.getLogger("outbox.relay.backlog")
 
@@ -56,16 +59,22 @@ class Backlog:
         Series of topics that are gone and no longer labels are removed.
         """
         stats = await self.store.topic_stats(max_age=max_age)
+        blocked = await self.store.keys_blocked(limit=BLOCKED_KEYS)
         now = self.clock()
         label = self.label or _first({s.topic for s in stats} | self._seen)
         totals: dict[str, list[float]] = {}
         for s in stats:
-            entry = totals.setdefault(label(s.topic), [0, 0, 0.0])
+            entry = totals.setdefault(label(s.topic), [0, 0, 0.0, 0, 0.0])
             entry[0] += s.buried
             entry[1] += s.pending
             if s.oldest_pending is not None:
                 entry[2] = max(entry[2], (now - s.oldest_pending).total_seconds())
-        gauges = (self.gauges.buried, self.gauges.pending, self.gauges.oldest)
+        for b in blocked:
+            entry = totals.setdefault(label(b.topic), [0, 0, 0.0, 0, 0.0])
+            entry[3] += 1
+            entry[4] = max(entry[4], (now - b.since).total_seconds())
+        g = self.gauges
+        gauges = (g.buried, g.pending, g.oldest, g.blocked, g.oldest_blocked)
         for name, values in totals.items():
             for gauge, value in zip(gauges, values, strict=True):
                 gauge.labels(name).set(max(value, 0.0))

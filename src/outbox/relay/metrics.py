@@ -175,6 +175,8 @@ class BacklogMetrics:
     buried: Gauge
     pending: Gauge
     oldest: Gauge
+    blocked: Gauge
+    oldest_blocked: Gauge
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> BacklogMetrics:
@@ -197,6 +199,19 @@ class BacklogMetrics:
         self.oldest = Gauge(
             "outbox_oldest_pending_age_seconds",
             "Age of the oldest pending message; 0 when there is none.",
+            ["topic"],
+            registry=registry,
+        )
+        self.blocked = Gauge(
+            "outbox_blocked_keys",
+            "Keys whose messages wait behind a buried or failing first message "
+            "(outbox keys blocked).",
+            ["topic"],
+            registry=registry,
+        )
+        self.oldest_blocked = Gauge(
+            "outbox_oldest_blocked_key_age_seconds",
+            "How long the longest blocked key has waited; 0 when none is.",
             ["topic"],
             registry=registry,
         )
