@@ -132,6 +132,7 @@ class MemoryStore:
         isolate: bool = False,
         solo: bool = False,
         max_bytes: int | None = None,
+        run: int = 0,
     ) -> Claimed:
         check_claim(lease, limit)
         now = now or self.clock()
@@ -182,7 +183,47 @@ class MemoryStore:
             row.leased_until = until  # due_at stays: the message keeps its place in line
             row.token, row.solo = token, solo
             claimed.append(row.message)
+        if run > 0 and not solo:
+            self._run(claimed, run, limit, max_bytes, now, until, token)
         return claimed
+
+    def _run(
+        self,
+        claimed: Claimed,
+        run: int,
+        limit: int,
+        max_bytes: int | None,
+        now: dt.datetime,
+        until: dt.datetime,
+        token: uuid.UUID,
+    ) -> None:
+        """Lease the next messages of each claimed key head (see Store.claim's ``run``)."""
+        room = limit - len(claimed)
+        size = sum(len(m.payload) for m in claimed)
+        for head in [m for m in claimed if m.key is not None]:
+            seq = self._rows[head.id].seq
+            later = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.message.topic == head.topic and r.message.key == head.key
+                    and r.seq > seq
+                ),
+                key=lambda r: r.seq,
+            )[:run]  # fmt: skip
+            for row in later:
+                waiting = row.buried_at is None and row.leased_until is None
+                if room <= 0 or not waiting or row.due_at > now:
+                    break
+                if max_bytes is not None and size + len(row.message.payload) > max_bytes:
+                    return
+                row.message = dataclasses.replace(
+                    row.message, attempts=row.message.attempts + 1, lease=token
+                )
+                row.leased_until, row.token, row.solo = until, token, False
+                claimed.append(row.message)
+                room -= 1
+                size += len(row.message.payload)
 
     async def ack(self, message_id: uuid.UUID) -> None:
         if self._rows.pop(message_id, None) is None:

@@ -189,6 +189,7 @@ class RelayStore(Protocol):
         isolate: bool = False,
         solo: bool = False,
         max_bytes: int | None = None,
+        run: int = 0,
     ) -> Claimed:
         """Lease up to ``limit`` due messages, earliest due first, for ``lease``.
 
@@ -199,6 +200,11 @@ class RelayStore(Protocol):
         ``solo`` claims only orphans and does not count the attempt that an
         orphan lost while it shared its lease. ``max_bytes`` stops the claim
         once the payloads taken reach it (the first message is always taken).
+
+        Of the messages that share a key only the first not yet delivered (the
+        key's head) is claimed; with ``run``, also up to that many of the key's
+        next messages, in order after all heads, while each is due (the caller
+        must start each only once the one before it was acked).
         """
         ...
 

@@ -157,3 +157,20 @@ async def test_blocked_keys_name_their_head_why_and_how_many_wait(store: Store[A
     assert {b.key for b in await store.keys_blocked(topic="other.topic")} == set()
     await store.set_topic(TopicSettings(TOPIC, handler="log", on_buried="skip"))
     assert [b.key for b in await store.keys_blocked()] == ["failing"]
+
+
+async def test_a_claim_may_take_a_keys_next_messages_in_order_after_its_head(
+    store: Store[Any],
+) -> None:
+    msgs = await add(store, *keyed("hot", 5), *keyed(None, 1))
+    later = new_message(TOPIC, {"n": 5}, T0, key="hot", deliver_at=T0 + dt.timedelta(hours=1))
+    await add(store, later, *keyed("hot", 1))  # not due: the run stops before it
+
+    got = list(await store.claim(T0, LEASE, 10, run=16))
+
+    assert {m.id for m in got} == {m.id for m in msgs}
+    hot = [m.json()["n"] for m in got if m.key == "hot"]
+    assert hot == [0, 1, 2, 3, 4], "the key's messages in order, its head first"
+    assert await claim(store) == [], "all leased"
+    assert len(await store.claim(T0, LEASE, 3, run=16)) == 0
+    assert len(list(await store.claim(T0 + LEASE, LEASE, 2, run=16))) == 2  # the limit holds

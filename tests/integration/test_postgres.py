@@ -325,3 +325,19 @@ async def test_a_relay_stalled_on_an_unanswered_claim_delivers_once_it_is_answer
 
     assert "no answer within 0.5s" in caplog.text
     assert "store reachable again" in caplog.text
+
+
+async def test_a_key_whose_head_went_without_unparking_is_repaired_by_the_sweep(
+    pg_store: PostgresStore,
+) -> None:
+    head, behind = (new_message("orders.events", {"n": n}, T0, key="k") for n in (0, 1))
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, head, behind)
+    assert [m.id for m in await pg_store.claim(T0, LEASE, 10)] == [head.id]  # parks `behind`
+    async with pg_store.pool.connection() as conn:  # its relay died between ack and unpark
+        await conn.execute("DELETE FROM outbox_messages WHERE id = %s", (head.id,))
+    assert not await pg_store.claim(T0, LEASE, 10)
+
+    await pg_store.bury_unserved(dt.timedelta(minutes=10), now=T0)
+
+    assert [m.id for m in await pg_store.claim(T0, LEASE, 10)] == [behind.id]

@@ -46,7 +46,11 @@ _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _KEY_UNPARK = QUERIES["key_unpark"]
+_CLAIM_RUN = QUERIES["message_claim_run"]
 _KEYS_BLOCKED = QUERIES["keys_blocked"]
+_KEY_REPAIR = QUERIES["key_repair"]
+KEY_REPAIR_SCAN = 10_000
+"""Most parked messages one sweep looks at for keys whose head is gone."""
 _RETRY = QUERIES["message_retry"]
 _RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
@@ -166,6 +170,7 @@ class PostgresStore:
         isolate: bool = False,
         solo: bool = False,
         max_bytes: int | None = None,
+        run: int = 0,
     ) -> Claimed:
         check_claim(lease, limit)
         token = uuid.uuid4()
@@ -181,21 +186,24 @@ class PostgresStore:
             max_bytes=max_bytes,
         )
         rows = await self._fetch(_CLAIM, params)
-        utc = dt.UTC
-        claimed = Claimed(
-            Message(
-                id=r[0],
-                topic=r[1],
-                payload=r[2].encode(),
-                created_at=r[3].astimezone(utc),
-                attempts=r[4],
-                key=r[6],
-                lease=token,
-            )
-            for r in rows
-            if r[0] is not None
-        )
+        claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
         claimed.orphans = len(rows) - len(claimed)
+        heads = [r for r in rows if r[0] is not None and r[6] is not None]
+        room = limit - len(claimed)
+        if run > 0 and heads and room > 0 and not solo:
+            used = sum(len(m.payload) for m in claimed)
+            more = {
+                "now": now,
+                "lease": lease,
+                "token": token,
+                "topics": [r[1] for r in heads],
+                "keys": [r[6] for r in heads],
+                "seqs": [r[7] for r in heads],
+                "run": run,
+                "limit": room,
+                "max_bytes": None if max_bytes is None else max(max_bytes - used, 0),
+            }
+            claimed.extend(_claimed(r, token) for r in await self._fetch(_CLAIM_RUN, more))
         return claimed
 
     async def ack(self, message_id: uuid.UUID) -> None:
@@ -327,6 +335,7 @@ class PostgresStore:
                 if not row or not row[0]:
                     return {}
                 await conn.execute(_RELAY_FORGET_DEAD, {"now": now})
+                await conn.execute(_KEY_REPAIR, {"limit": KEY_REPAIR_SCAN})
                 cur = await conn.execute(_UNSERVED_NOTE, {"now": now, "grace": grace})
                 row = await cur.fetchone()
             if not row or not row[0]:
@@ -475,6 +484,18 @@ class PostgresStore:
             if cur.rowcount == 0 and not fenced:
                 raise NotFound(params["id"])
             return cur.rowcount > 0
+
+
+def _claimed(r: Any, token: uuid.UUID) -> Message:
+    return Message(
+        id=r[0],
+        topic=r[1],
+        payload=r[2].encode(),
+        created_at=r[3].astimezone(dt.UTC),
+        attempts=r[4],
+        key=r[6],
+        lease=token,
+    )
 
 
 def _stored(r: Any) -> StoredMessage:

@@ -46,11 +46,25 @@ class Delivering:
     _changed: anyio.Event | None
 
     async def _start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
-        """Queue ``claimed`` and add workers while every running one waits."""
+        """Queue ``claimed`` and add workers while every running one waits.
+
+        Messages of one key after its first (a claim's run) go to a task of
+        their own, which hands them over one after another.
+        """
+        runs: dict[tuple[str, str], list[Held]] = {}
+        for m in claimed:
+            if m.key is not None:
+                runs.setdefault((m.topic, m.key), []).append(self._held[m.id])
         for m in claimed:
             held = self._held[m.id]
+            if m.key is not None and len(runs[m.topic, m.key]) > 1:
+                continue
             if self._admit(held):
                 self._queue.append(held)
+        for run in runs.values():
+            if len(run) > 1:
+                tg.start_soon(self._follow, run)
+                self._workers += 1
         # Runs whenever every worker waits: then it adds one, so a handler that
         # waits never holds back the rest, while handlers that finish at once
         # share a task.
@@ -135,6 +149,39 @@ class Delivering:
             self.settler.ack(held)
         finally:
             self.metrics.topic(m.topic).duration.observe(time.perf_counter() - started)
+
+    async def _follow(self, run: list[Held]) -> None:
+        """Deliver a key's messages of one claim in order, each only once the one
+        before it was acked (its ack written to the store, not just queued).
+
+        A message that fails, or one whose lease has less than a timeout left,
+        ends the run: the rest are handed back, due at once, for the key's next
+        claim (a retry keeps the key waiting, as for any head).
+        """
+        try:
+            for i, held in enumerate(run):
+                fresh = held.lease_end - time.monotonic() > held.route.seconds
+                if i and (self._stopping or not fresh or not run[i - 1].acked):
+                    self._hand_over(run[i:])
+                    return
+                if not self._admit(held):
+                    self._hand_over(run[i + 1 :])
+                    return
+                with anyio.move_on_after(held.route.seconds):
+                    await self._deliver(held)
+                if not held.decided:
+                    self._timed_out(held)
+                if i + 1 < len(run):
+                    await self.settler.flush()  # the ack is in the store before the next starts
+        finally:
+            self._workers -= 1
+            self._signal()
+
+    def _hand_over(self, rest: list[Held]) -> None:
+        for held in rest:
+            if not held.decided:
+                self._decide(held)
+                self.settler.release(held)
 
     def _timed_out(self, held: Held) -> None:
         if held.decided:

@@ -70,6 +70,8 @@ class Held:
     solo: bool = False
     decided: bool = False
     """Its outcome is known (queued for writing, or written)."""
+    acked: bool = False
+    """Its ack is in the store (a key's next message waits for it)."""
 
 
 Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str, bool], tuple[Held, str])
@@ -210,6 +212,7 @@ class Settler:
         debug = log.isEnabledFor(logging.DEBUG)
         delivered: collections.Counter[str] = collections.Counter()
         for h in done[0]:
+            h.acked = True
             m = h.message
             reason = dropped.get(m.id) if dropped else None
             if reason is None:

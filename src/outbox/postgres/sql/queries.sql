@@ -206,12 +206,57 @@ claimed AS (
       -- Nothing behind an orphan is taken before the orphan is delivered.
       AND (%(solo)s OR NOT %(isolate)s OR NOT EXISTS (
           SELECT 1 FROM first_orphan AS f WHERE (p.due_at, p.id) > (f.due_at, f.id)))
-    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key
+    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key, m.seq
 )
-SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan, c.key
+SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan, c.key, c.seq
 FROM picked AS p
 LEFT JOIN claimed AS c ON c.id = p.id
 ORDER BY p.due_at, p.id;
+
+-- message_claim_run --
+-- Lease, under the same %(token)s, the messages right after each key head a
+-- claim just took (%(topics)s, %(keys)s, %(seqs)s: the heads), in order, while
+-- each is due and waiting: up to %(run)s a key, %(limit)s and %(max_bytes)s in
+-- all. The relay hands them over one after another, each only once the one
+-- before it was acked, so a busy key is not one message a claim. Safe apart
+-- from the claim: while this relay holds a key's head, no other claim leases
+-- a later message of that key (it parks it), and only the head's ack unparks.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+),
+run AS MATERIALIZED (
+    SELECT r.id FROM (
+        SELECT f.id, h.n, f.seq,
+               bool_and(f.ok) OVER (PARTITION BY h.n ORDER BY f.seq) AS whole,
+               sum(f.size) OVER (ORDER BY h.n, f.seq) AS b
+        FROM unnest(%(topics)s::text[], %(keys)s::text[], %(seqs)s::bigint[])
+             WITH ORDINALITY AS h(topic, key, seq, n)
+        CROSS JOIN LATERAL (
+            SELECT e.id, e.seq, octet_length(e.payload::text) AS size,
+                   e.buried_at IS NULL AND e.due_at <= (SELECT now FROM clock)
+                   AND (e.leased_until IS NULL OR e.leased_until = 'infinity') AS ok
+            FROM outbox_messages AS e
+            WHERE e.topic = h.topic AND e.key = h.key AND e.seq > h.seq
+            ORDER BY e.seq
+            LIMIT %(run)s
+        ) AS f
+    ) AS r
+    WHERE r.whole AND (%(max_bytes)s::bigint IS NULL OR r.b <= %(max_bytes)s)
+    ORDER BY r.n, r.seq
+    LIMIT %(limit)s
+),
+ran AS (
+    UPDATE outbox_messages AS m
+    SET attempts = m.attempts + 1,
+        leased_until = (SELECT now FROM clock) + %(lease)s,
+        lease_token = %(token)s,
+        lease_solo = false
+    FROM run AS r
+    WHERE m.id = r.id AND m.buried_at IS NULL
+      AND (m.leased_until IS NULL OR m.leased_until = 'infinity')
+    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key, m.seq
+)
+SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER BY topic, key, seq;
 
 -- message_ack --
 -- Remove a delivered message; its topic and key, for key_unpark.
@@ -381,6 +426,30 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING topic, key;
+
+-- key_repair --
+-- Unpark the first parked message of each key whose head is gone without
+-- unparking it (its relay died between the ack and key_unpark). Looks at
+-- %(limit)s parked rows at most. Unparking is always safe: a claim parks
+-- again what still waits behind a head.
+UPDATE outbox_messages AS m SET leased_until = NULL
+FROM (
+    SELECT DISTINCT ON (p.topic, p.key) p.id
+    FROM (
+        SELECT id, topic, key, seq FROM outbox_messages
+        WHERE leased_until = 'infinity' AND buried_at IS NULL
+        LIMIT %(limit)s
+    ) AS p
+    WHERE NOT EXISTS (
+        SELECT 1 FROM outbox_messages AS e
+        WHERE e.topic = p.topic AND e.key = p.key AND e.seq < p.seq
+          AND e.leased_until IS DISTINCT FROM 'infinity'
+          AND (e.buried_at IS NULL
+               OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+    )
+    ORDER BY p.topic, p.key, p.seq
+) AS h
+WHERE m.id = h.id AND m.leased_until = 'infinity';
 
 -- keys_blocked --
 -- Keys with messages parked behind a head that is buried (where its topic
