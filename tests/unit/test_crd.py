@@ -68,6 +68,7 @@ BASE = {"spec": {"topic": "mail.login_link"}}
         ({"spec": {"topic": "a", "timeout": "-5s"}}, "negative timeout"),
         ({"spec": {"topic": "a", "handler": "Web Hook"}}, "handler name"),
         ({"spec": {"topic": "a", "config": "url=x"}}, "config is an object"),
+        ({"spec": {"topic": "a", "ordering": {"onBuried": "never"}}}, "onBuried block or skip"),
         ({"spec": None}, "spec is required"),
     ],
 )
@@ -143,3 +144,24 @@ class _Any:
 
 
 ANY_TEXT: Any = _Any()
+
+
+def test_ordering_reaches_the_registry_entry() -> None:
+    import datetime as dt
+
+    from outbox.controller.reconcile import InvalidSpec, desired
+    from outbox.handlers import HandlerKinds
+
+    def entry(spec: dict[str, Any]) -> Any:
+        base = {"topic": "orders.events", "handler": "log"}
+        kinds = HandlerKinds().mapping
+        return desired(
+            {**base, **spec}, lease=dt.timedelta(minutes=2), builtin_topics=frozenset(),
+            kinds=kinds,
+        )  # fmt: skip
+
+    assert entry({"ordering": {"onBuried": "skip"}}).on_buried == "skip"
+    assert entry({"ordering": {"onBuried": "block"}}).on_buried is None
+    assert entry({}).on_buried is None
+    with pytest.raises(InvalidSpec, match="onBuried"):
+        entry({"ordering": {"onBuried": "sometimes"}})

@@ -79,12 +79,24 @@ def desired(
         max_attempts=spec.get("maxAttempts"),
         timeout=timeout,
         max_in_flight=spec.get("maxInFlight"),
+        on_buried=_on_buried(spec),
     )
     try:
         check_entry(entry, lease=lease, builtin_topics=builtin_topics, kinds=kinds)
     except EntryError as exc:
         raise InvalidSpec(f"spec.{exc.field} {exc.reason}") from None
     return entry
+
+
+def _on_buried(spec: Mapping[str, Any]) -> str | None:
+    """spec.ordering.onBuried; block (the default) is stored as None."""
+    ordering = spec.get("ordering") or {}
+    if not isinstance(ordering, Mapping):
+        raise InvalidSpec("spec.ordering must be an object")
+    value = ordering.get("onBuried", "block")
+    if value not in ("block", "skip"):
+        raise InvalidSpec(f"spec.ordering.onBuried is block or skip, not {value!r}")
+    return None if value == "block" else str(value)
 
 
 _KIND_FIELDS = {"webhook": "webhook", "nats": "nats"}
@@ -175,11 +187,15 @@ def _describe(e: TopicSettings) -> str:
         f"maxAttempts {e.max_attempts or 'default'}, "
         f"timeout {format_duration(e.timeout) if e.timeout else 'default'}, "
         f"maxInFlight {e.max_in_flight or 'default'}"
+        + (", onBuried skip" if e.on_buried == "skip" else "")
     )
 
 
 def _same(a: TopicSettings, b: TopicSettings) -> bool:
-    fields = ("topic", "enabled", "handler", "max_attempts", "timeout", "max_in_flight", "source")
+    fields = (
+        "topic", "enabled", "handler", "max_attempts", "timeout", "max_in_flight", "source",
+        "on_buried",
+    )  # fmt: skip
     same = all(getattr(a, f) == getattr(b, f) for f in fields)
     return same and dict(a.config) == dict(b.config)
 
