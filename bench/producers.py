@@ -7,6 +7,8 @@ time, the transaction an application runs: insert a business row, plus
   primary key only): what any second insert costs;
 - outbox: ``outbox.postgres.add_sync`` inside ``transaction_sync`` (the
   outbox's indexes, and the wake-up after the commit);
+- outbox, keyed: the same with a key (1,000 keys): the key's sequence and
+  the key index;
 - notify inside: the outbox row plus a ``pg_notify`` inside the transaction,
   which is what a trigger-based wake-up does.
 
@@ -64,6 +66,12 @@ def _outbox(conn: psycopg.Connection[Any], n: int) -> None:
         add_sync(conn, new_message("orders.placed", {"order": n}))
 
 
+def _outbox_keyed(conn: psycopg.Connection[Any], n: int) -> None:
+    with transaction_sync(conn):
+        conn.execute("INSERT INTO orders (item) VALUES ('tea')")
+        add_sync(conn, new_message("orders.placed", {"order": n}, key=f"order-{n % 1000}"))
+
+
 def _notify_inside(conn: psycopg.Connection[Any], n: int) -> None:
     with conn.transaction():
         conn.execute("INSERT INTO orders (item) VALUES ('tea')")
@@ -74,6 +82,7 @@ def _notify_inside(conn: psycopg.Connection[Any], n: int) -> None:
 VARIANTS: dict[str, Variant] = {
     "plain": _plain,
     "outbox": _outbox,
+    "outbox, keyed": _outbox_keyed,
     "notify inside": _notify_inside,
 }
 

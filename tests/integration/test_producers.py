@@ -384,3 +384,66 @@ def test_every_producer_path_refuses_a_payload_over_the_limit(
         django_add(big)
 
     assert stored(db) == (set(), set())
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_every_producer_path_stores_keys_in_the_order_given(
+    db: str, django_db: Callable[[], Any], driver: str
+) -> None:
+    from django.db import transaction as django_transaction
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+    from sqlalchemy.orm import Session
+
+    from outbox.django import add as django_add
+    from outbox.sqlalchemy import add as sa_add
+    from outbox.sqlalchemy import add_async as sa_add_async
+
+    def two(path: str) -> list[Any]:  # a keyed message, an unkeyed one, then keyed again
+        return [
+            new_message("orders.events", {"via": path, "n": 0}, key="order-7"),
+            new_message("orders.events", {"via": path, "n": 1}),
+            new_message("orders.events", {"via": path, "n": 2}, key="order-7"),
+        ]
+
+    async def psycopg_async() -> None:
+        async with await psycopg.AsyncConnection.connect(db) as conn, conn.transaction():
+            await add(conn, *two("async"))
+            await add(conn, new_message("orders.events", {"via": "async", "n": 3}, key="k"))
+
+    anyio.run(psycopg_async)
+    with psycopg.connect(db) as sync, sync.transaction():
+        add_sync(sync, *two("sync"))
+    url, args = _sa_url(db, driver)
+    engine = create_engine(url, connect_args=args)
+    with Session(engine) as session, session.begin():
+        sa_add(session, *two("sqlalchemy"))
+    engine.dispose()
+
+    async def sqlalchemy_async() -> None:
+        aurl, aargs = _sa_url(db, "psycopg")
+        aengine = create_async_engine(aurl, connect_args=aargs)
+        async with AsyncSession(aengine) as session, session.begin():
+            await sa_add_async(session, *two("sqlalchemy-async"))
+        await aengine.dispose()
+
+    anyio.run(sqlalchemy_async)
+    django_db()
+    with django_transaction.atomic():
+        django_add(*two("django"))
+
+    with psycopg.connect(db) as c:
+        rows = c.execute(
+            "SELECT payload->>'via', (payload->>'n')::int, key, seq FROM outbox_messages"
+            " ORDER BY payload->>'via', (payload->>'n')::int"
+        ).fetchall()
+    by_path: dict[str, list[Any]] = {}
+    for via, n, key, seq in rows:
+        by_path.setdefault(via, []).append((n, key, seq))
+    assert set(by_path) == {"async", "sync", "sqlalchemy", "sqlalchemy-async", "django"}
+    for via, got in by_path.items():
+        keyed = [(n, seq) for n, key, seq in got if key == "order-7"]
+        assert [n for n, _ in keyed] == [0, 2], via
+        assert keyed[0][1] < keyed[1][1], f"{via}: the order given"
+        assert [(n, key, seq) for n, key, seq in got if n == 1] == [(1, None, None)], via
+    assert by_path["async"][-1][1] == "k"  # a single keyed message

@@ -47,6 +47,7 @@ __all__ = [
 INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
 INSERT_KEYED = QUERIES["message_insert_keyed"]
+INSERT_KEYED_ONE = QUERIES["message_insert_keyed_one"]
 NOTIFY: LiteralString = "SELECT pg_notify(%s, %s)"
 
 _PENDING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -73,8 +74,10 @@ def insert_params(msgs: Sequence[Message], *, text_ids: bool = False) -> dict[st
 
 def insert(msgs: Sequence[Message]) -> tuple[LiteralString, dict[str, Any]]:
     """The statement and parameters that add ``msgs`` (psycopg's placeholders)."""
-    if len(msgs) == 1 and msgs[0].key is None:
-        return INSERT_ONE, _one(msgs[0])
+    if len(msgs) == 1:
+        if msgs[0].key is None:
+            return INSERT_ONE, _one(msgs[0])
+        return INSERT_KEYED_ONE, {**_one(msgs[0]), "key": msgs[0].key}
     params = insert_params(msgs)
     return (INSERT_KEYED if "keys" in params else INSERT_MANY), params
 

@@ -9,6 +9,14 @@ INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
 VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s,
         coalesce(%(deliver_at)s::timestamptz, %(created_at)s));
 
+-- message_insert_keyed_one --
+-- Add one message with a key; it takes its place in its key from
+-- outbox_messages_seq.
+INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq)
+VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s,
+        coalesce(%(deliver_at)s::timestamptz, %(created_at)s), %(key)s,
+        nextval('outbox_messages_seq'));
+
 -- message_insert_many --
 -- Add several messages in one statement (one round trip); each is first due
 -- at its deliver_at, or else its creation time. Written with CAST() and no
