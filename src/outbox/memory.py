@@ -229,7 +229,9 @@ class MemoryStore:
         if self._rows.pop(message_id, None) is None:
             raise NotFound(message_id)
 
-    async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
+    async def ack_many(
+        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+    ) -> int:
         return sum(self._rows.pop(i, None) is not None for i in set(message_ids))
 
     async def retry_many(

@@ -212,10 +212,14 @@ class RelayStore(Protocol):
         """Remove a delivered message. Raises NotFound if it is not there."""
         ...
 
-    async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
+    async def ack_many(
+        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+    ) -> int:
         """Remove delivered messages in one round trip; return how many were there.
 
         Not fenced: a delivered message needs no more delivery, whoever holds it.
+        ``followed``: (topic, key) pairs whose next message the caller holds
+        (leased), so nothing behind them needs unparking.
         """
         ...
 

@@ -212,12 +212,15 @@ class PostgresStore:
             raise NotFound(message_id)
         await self._unpark(rows)
 
-    async def ack_many(self, message_ids: Sequence[uuid.UUID]) -> int:
+    async def ack_many(
+        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+    ) -> int:
         if not message_ids:
             return 0
         [(n, topics, keys)] = await self._fetch(_ACK_MANY, {"ids": list(message_ids)})
         if topics:
-            await self._unpark(zip(topics, keys, strict=True))
+            skip = set(followed)
+            await self._unpark(p for p in zip(topics, keys, strict=True) if p not in skip)
         return int(n)
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:

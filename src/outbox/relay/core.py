@@ -60,7 +60,7 @@ _OUTAGE_BACKOFF_CEILING = 5.0
 _HAND_BACK_GRACE = 2.0
 # How long a stopping relay waits for housekeeping to reach its next wait.
 _HOUSEKEEPING_GRACE = 1.0
-KEY_RUN = 16
+KEY_RUN = 64
 """Most messages of one key a claim takes after the key's head (handed over in turn)."""
 CLAIM_WAIT = 15.0
 """Longest a claim may take (PostgresStore bounds its own at 10 s)."""

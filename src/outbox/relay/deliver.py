@@ -63,6 +63,8 @@ class Delivering:
                 self._queue.append(held)
         for run in runs.values():
             if len(run) > 1:
+                for held in run[:-1]:
+                    held.followed = True
                 tg.start_soon(self._follow, run)
                 self._workers += 1
         # Runs whenever every worker waits: then it adds one, so a handler that

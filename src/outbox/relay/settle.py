@@ -72,6 +72,8 @@ class Held:
     """Its outcome is known (queued for writing, or written)."""
     acked: bool = False
     """Its ack is in the store (a key's next message waits for it)."""
+    followed: bool = False
+    """This relay holds the next message of its key (its ack unparks nothing)."""
 
 
 Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str, bool], tuple[Held, str])
@@ -205,7 +207,14 @@ class Settler:
             "ack",
             acks,
             lambda h: h,
-            lambda items: self.store.ack_many([h.message.id for h in items]),
+            lambda items: self.store.ack_many(
+                [h.message.id for h in items],
+                followed={
+                    (h.message.topic, h.message.key)
+                    for h in items
+                    if h.followed and h.message.key is not None
+                },
+            ),
         )
         if done is None:
             return
