@@ -57,15 +57,19 @@ def handlers() -> dict[str, Any]:
     return {TOPIC: record}
 
 
-async def record_to_file(m: Message) -> None:
-    """One line per handler start in RECORDING_FILE (appended whole, so several
-    processes may share the file): what survives the database's own failover."""
-    line = f"{m.id} {os.getpid()} {m.attempts}\n".encode()
+def _append(line: str) -> None:
+    """One line to RECORDING_FILE, written whole (several processes share the file)."""
     fd = os.open(os.environ["RECORDING_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        os.write(fd, f"{line}\n".encode())
     finally:
         os.close(fd)
+
+
+async def record_to_file(m: Message) -> None:
+    """One line per handler start in RECORDING_FILE: what survives the
+    database's own failover."""
+    _append(f"{m.id} {os.getpid()} {m.attempts}")
 
 
 def file_handlers() -> dict[str, Any]:
@@ -78,12 +82,7 @@ KEYED = "test.keyed"
 async def keyed_start(m: Message) -> None:
     """Record the start (key, n, pid, attempt) in RECORDING_FILE; then one first
     attempt in 30 (by id, so every relay agrees) fails."""
-    line = f"{m.key} {m.json()['n']} {os.getpid()} {m.attempts}\n".encode()
-    fd = os.open(os.environ["RECORDING_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    _append(f"{m.key} {m.json()['n']} {os.getpid()} {m.attempts}")
     delay = float(os.environ.get("RECORDING_DELAY", "0"))
     if delay:
         await anyio.sleep(delay)

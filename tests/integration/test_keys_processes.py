@@ -15,7 +15,7 @@ import pytest
 from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
-from tests.integration.process import RelayProcess, count, run_outbox, wait_until
+from tests.integration.process import RelayProcess, count, query, run_outbox, wait_until
 
 KEYS, PER_KEY = 60, 25
 
@@ -98,6 +98,7 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
         tmp_path,
         OUTBOX_HANDLERS="tests.integration.recording:keyed_handlers",
         OUTBOX_INTERVAL="100ms",
+        OUTBOX_UNSERVED_GRACE="20s",  # sweeps, and their key repair, every 5 s
         RECORDING_FILE=str(record),
         **env,
     )
@@ -133,6 +134,13 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
     assert "Permanent" in blocked["reason"] or "no retry" in blocked["reason"]
     purged = run_outbox("buried", "purge", "--older-than", "0s", "--yes", **env)
     assert purged.returncode == 0, purged.stderr
-    wait_until(
-        "key p after the purge", lambda: [n for k, n in starts(record) if k == "p"] == [0, 1, 2]
-    )
+    try:
+        wait_until(
+            "key p after the purge",
+            lambda: [n for k, n in starts(record) if k == "p"] == [0, 1, 2],
+        )
+    except AssertionError:
+        rows = query(
+            db, "SELECT key, seq, leased_until::text, buried_at, attempts FROM outbox_messages"
+        )
+        raise AssertionError(f"{rows}\n{relay.log[-3000:]}") from None

@@ -62,7 +62,7 @@ def test_a_held_lock_never_stalls_producers_and_migrate_gives_up_naming_it(
 
     again = run_outbox("migrate", OUTBOX_DATABASE_URL=pg_conninfo)
     assert again.returncode == 0, again.stderr
-    assert count(pg_conninfo, "SELECT count(*) FROM outbox_schema_migrations") == 9
+    assert count(pg_conninfo, "SELECT count(*) FROM outbox_schema_migrations") == len(migrations())
 
 
 def test_migrate_waits_for_another_run_only_as_long_as_told(pg_conninfo: str) -> None:
