@@ -27,6 +27,7 @@ CORE = {
     "store",
     "uow",
     "memory",
+    "memory_keys",
     "durations",
     "postgres",
     "wake",
@@ -56,6 +57,7 @@ CORE_THIRD_PARTY = {"psycopg", "uuid_utils"}
 # relay extra); outbox.postgres loads it only when asked for.
 EXTRA_THIRD_PARTY = {
     "postgres/store.py": {"anyio", "psycopg_pool"},
+    "postgres/operator.py": {"psycopg_pool"},  # a part of the store
     "postgres/pool.py": {"psycopg_pool"},
     "postgres/listen.py": {"anyio"},  # a relay's, loaded by the relay process only
 }

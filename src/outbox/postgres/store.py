@@ -16,26 +16,21 @@ from typing import Any, LiteralString
 import anyio
 import psycopg
 import psycopg_pool
-from psycopg.types.json import Jsonb
 
 from outbox.durations import format_duration
 from outbox.errors import NotFound, StoreUnavailable
-from outbox.message import Message, validate_topic
+from outbox.message import Message
 from outbox.postgres.claims import BY_TOPIC, claim_params
 from outbox.postgres.connection import keepalives
+from outbox.postgres.operator import OperatorQueries
 from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.store import (
-    BLOCKED_SCAN,
     SWEEP_BATCH,
     SWEEP_BUDGET,
-    BlockedKey,
     Claimed,
     RelayInfo,
-    StoredMessage,
-    TopicSettings,
-    TopicStats,
     check_claim,
     message_ids,
 )
@@ -47,7 +42,6 @@ _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _KEY_UNPARK = QUERIES["key_unpark"]
 _CLAIM_RUN = QUERIES["message_claim_run"]
-_KEYS_BLOCKED = QUERIES["keys_blocked"]
 _KEY_REPAIR = QUERIES["key_repair"]
 KEY_REPAIR_SCAN = 10_000
 """Most parked messages one sweep looks at for keys whose head is gone."""
@@ -55,18 +49,7 @@ _RETRY = QUERIES["message_retry"]
 _RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
 _BURY_MANY = QUERIES["message_bury_many"]
-_GET = QUERIES["message_get"]
 _RELEASE = QUERIES["message_release"]
-_BURIED_LIST = QUERIES["buried_list"]
-_BURIED_REQUEUE = QUERIES["buried_requeue"]
-_BURIED_PURGE = QUERIES["buried_purge"]
-_BACKLOG_READ = QUERIES["backlog_read"]
-_BACKLOG_MEASURE = QUERIES["backlog_measure"]
-_TOPIC_LIST = QUERIES["topic_list"]
-_TOPIC_UPSERT = QUERIES["topic_upsert"]
-_TOPIC_DELETE = QUERIES["topic_delete"]
-_TOPIC_GOVERN = QUERIES["topic_govern"]
-_TOPIC_HOLDER = QUERIES["topic_holder"]
 _RELAY_REGISTER = QUERIES["relay_register"]
 _RELAY_UNREGISTER = QUERIES["relay_unregister"]
 _RELAY_LIST = QUERIES["relay_list"]
@@ -74,19 +57,17 @@ _RELAY_FORGET_DEAD = QUERIES["relay_forget_dead"]
 _TRY_LOCK = QUERIES["try_lock"]
 _UNSERVED_BURY = QUERIES["unserved_bury"]
 _UNSERVED_NOTE = QUERIES["unserved_note"]
-_BURIED_COUNT = QUERIES["buried_count"]
 
 # One relay at a time notes unserved topics (the burial batches that follow
-# are safe side by side: SKIP LOCKED), and one counts the backlog.
+# are safe side by side: SKIP LOCKED).
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
-_BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb"
 
 
 DEADLINE = 10.0
 """Longest a store call (each statement of a batched one) may take by default."""
 
 
-class PostgresStore:
+class PostgresStore(OperatorQueries):
     """A Store over a psycopg AsyncConnectionPool.
 
     Every call but ``begin()`` (the application's own transaction) has a
@@ -360,59 +341,6 @@ class PostgresStore:
                     break
         return dict(sorted(buried.items()))
 
-    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
-        params = {"topic": topic, "limit": limit, "scan": BLOCKED_SCAN}
-        return [BlockedKey(*r) for r in await self._fetch(_KEYS_BLOCKED, params)]
-
-    async def get(self, message_id: uuid.UUID) -> StoredMessage:
-        rows = await self._fetch(_GET, {"id": message_id})
-        if not rows:
-            raise NotFound(message_id)
-        return _stored(rows[0])
-
-    async def list_buried(
-        self,
-        *,
-        topic: str | None = None,
-        within: dt.timedelta | None = None,
-        limit: int = 100,
-        now: dt.datetime | None = None,
-    ) -> list[StoredMessage]:
-        params = {"topic": topic, "within": within, "limit": limit, "now": now}
-        return [_stored(r) for r in await self._fetch(_BURIED_LIST, params)]
-
-    async def requeue(
-        self,
-        *,
-        ids: Sequence[uuid.UUID] | None = None,
-        topic: str | None = None,
-        dry_run: bool = False,
-        now: dt.datetime | None = None,
-        batch: int = SWEEP_BATCH,
-    ) -> int:
-        params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
-        if dry_run:
-            return await self._buried_count({**params, "older_than": None})
-        return await self._in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
-
-    async def purge_buried(
-        self,
-        older_than: dt.timedelta,
-        *,
-        topic: str | None = None,
-        dry_run: bool = False,
-        now: dt.datetime | None = None,
-        batch: int = SWEEP_BATCH,
-    ) -> int:
-        params = {"now": now, "older_than": older_than, "topic": topic}
-        if dry_run:
-            return await self._buried_count({**params, "ids": None})
-        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch}, unpark=True)
-
-    async def _buried_count(self, params: dict[str, Any]) -> int:
-        [(n,)] = await self._fetch(_BURIED_COUNT, params)
-        return int(n)
-
     async def _in_batches(
         self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
     ) -> int:
@@ -429,45 +357,6 @@ class PostgresStore:
                 done += cur.rowcount
                 if cur.rowcount < params["limit"]:
                     return done
-
-    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
-        if max_age is None:
-            return [TopicStats(*r) for r in await self._fetch(_BACKLOG_MEASURE, {"keep": False})]
-        # Counting a large backlog may take longer than a claim: six deadlines.
-        async with (
-            self._translated(bounded=False),
-            self._bounded(6 * self.deadline),
-            self.pool.connection() as conn,
-            conn.transaction(),
-        ):
-            cur = await conn.execute(_TRY_LOCK, {"key": _BACKLOG_LOCK_KEY})
-            row = await cur.fetchone()
-            mine = bool(row and row[0])
-            cur = await conn.execute(_BACKLOG_READ, {"max_age": max_age})
-            last = await cur.fetchone()
-            # Fresh, or being measured by another relay right now: read it.
-            if last is not None and (last[1] or not mine):
-                return [_backlog_entry(*entry) for entry in last[0]]
-            cur = await conn.execute(_BACKLOG_MEASURE, {"keep": mine})
-            return [TopicStats(*r) for r in await cur.fetchall()]
-
-    async def topics(self) -> dict[str, TopicSettings]:
-        return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
-
-    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
-        await self._count(_TOPIC_UPSERT, _topic_params(settings, now))
-
-    async def govern_topic(
-        self, settings: TopicSettings, now: dt.datetime | None = None
-    ) -> str | None:
-        params = {**_topic_params(settings, now), "owner_since": settings.owner_since}
-        rows = await self._fetch(_TOPIC_GOVERN, params)
-        if not rows:  # lost to a writer that committed after this statement began
-            rows = await self._fetch(_TOPIC_HOLDER, {"topic": settings.topic})
-        return rows[0][0] if rows else None
-
-    async def delete_topic(self, topic: str) -> bool:
-        return await self._count(_TOPIC_DELETE, {"topic": topic}) > 0
 
     async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
         async with self._translated(), self.pool.connection() as conn:
@@ -499,41 +388,6 @@ def _claimed(r: Any, token: uuid.UUID) -> Message:
         key=r[6],
         lease=token,
     )
-
-
-def _stored(r: Any) -> StoredMessage:
-    return StoredMessage(
-        message=Message(id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]),
-        due_at=r[5],
-        leased_until=r[6],
-        last_error=r[7],
-        buried_at=r[8],
-        requeues=r[9],
-        requeued_at=r[10],
-        size=r[11] if len(r) > 11 else None,
-    )
-
-
-def _backlog_entry(topic: str, pending: int, buried: int, oldest: str | None) -> TopicStats:
-    return TopicStats(
-        topic, pending, buried, None if oldest is None else dt.datetime.fromisoformat(oldest)
-    )
-
-
-def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:
-    validate_topic(settings.topic)
-    return {
-        "topic": settings.topic,
-        "enabled": settings.enabled,
-        "handler": settings.handler,
-        "config": Jsonb(dict(settings.config)),
-        "max_attempts": settings.max_attempts,
-        "timeout": settings.timeout,
-        "max_in_flight": settings.max_in_flight,
-        "source": settings.source,
-        "on_buried": settings.on_buried,
-        "now": now,
-    }
 
 
 def _target(message: Message | uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None]:

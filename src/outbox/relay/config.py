@@ -25,7 +25,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "Duration", "RelayConfig", "RelaySettings", "config_error", "load"]
+__all__ = [
+    "CLAIM_WAIT",
+    "ENV_PREFIX",
+    "KEY_RUN",
+    "STORE_WAIT",
+    "Duration",
+    "RelayConfig",
+    "RelaySettings",
+    "config_error",
+    "load",
+]
 
 ENV_PREFIX = "OUTBOX_"
 
@@ -50,6 +60,15 @@ Duration = Annotated[
     PlainSerializer(format_duration, return_type=str),
 ]
 """A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds, at most 30 days."""
+
+
+KEY_RUN = 64
+"""Most messages of one key a claim takes after the key's head (handed over in turn)."""
+CLAIM_WAIT = 15.0
+"""Longest a claim may take (PostgresStore bounds its own at 10 s)."""
+STORE_WAIT = 5.0
+"""Longest wait for a pool connection (service.process sizes its pool's timeout
+so): a store call during an outage fails within this."""
 
 
 class RelayConfig(BaseModel):

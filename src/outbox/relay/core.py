@@ -37,7 +37,7 @@ from outbox.clock import Clock, system_clock
 from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
 from outbox.relay.backlog import Backlog
-from outbox.relay.config import RelayConfig
+from outbox.relay.config import CLAIM_WAIT, KEY_RUN, STORE_WAIT, RelayConfig
 from outbox.relay.deliver import Delivering
 from outbox.relay.fleet import Fleet
 from outbox.relay.housekeeping import Housekeeping
@@ -60,13 +60,6 @@ _OUTAGE_BACKOFF_CEILING = 5.0
 _HAND_BACK_GRACE = 2.0
 # How long a stopping relay waits for housekeeping to reach its next wait.
 _HOUSEKEEPING_GRACE = 1.0
-KEY_RUN = 64
-"""Most messages of one key a claim takes after the key's head (handed over in turn)."""
-CLAIM_WAIT = 15.0
-"""Longest a claim may take (PostgresStore bounds its own at 10 s)."""
-STORE_WAIT = 5.0
-"""Longest wait for a pool connection (service.process sizes its pool's timeout
-so): a store call during an outage fails within this."""
 
 
 class Relay(Delivering, Housekeeping):

@@ -25,7 +25,7 @@ from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.postgres.connection import connect
 from outbox.relay import Handler, Relay
-from outbox.relay.core import STORE_WAIT
+from outbox.relay.config import STORE_WAIT
 from outbox.service.embedded import EmbeddedPostgres, NotInstalled
 from outbox.service.http import ProbeServer
 from outbox.service.logs import redact

@@ -1,0 +1,198 @@
+"""The operator's and the registry's queries of the PostgreSQL store.
+
+Inspecting, requeueing and purging buried messages, blocked keys, the backlog
+count, and the topic registry: a part of PostgresStore (outbox.postgres.store),
+which supplies the pool, the deadlines and the statement helpers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, LiteralString
+
+import psycopg_pool
+from psycopg.types.json import Jsonb
+
+from outbox.errors import NotFound
+from outbox.message import Message, validate_topic
+from outbox.postgres.queries import QUERIES
+from outbox.store import (
+    BLOCKED_SCAN,
+    SWEEP_BATCH,
+    BlockedKey,
+    StoredMessage,
+    TopicSettings,
+    TopicStats,
+)
+
+__all__ = ["OperatorQueries"]
+
+_KEYS_BLOCKED = QUERIES["keys_blocked"]
+_GET = QUERIES["message_get"]
+_BURIED_LIST = QUERIES["buried_list"]
+_BURIED_REQUEUE = QUERIES["buried_requeue"]
+_BURIED_PURGE = QUERIES["buried_purge"]
+_BURIED_COUNT = QUERIES["buried_count"]
+_BACKLOG_READ = QUERIES["backlog_read"]
+_BACKLOG_MEASURE = QUERIES["backlog_measure"]
+_TOPIC_LIST = QUERIES["topic_list"]
+_TOPIC_UPSERT = QUERIES["topic_upsert"]
+_TOPIC_DELETE = QUERIES["topic_delete"]
+_TOPIC_GOVERN = QUERIES["topic_govern"]
+_TOPIC_HOLDER = QUERIES["topic_holder"]
+_TRY_LOCK = QUERIES["try_lock"]
+BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb": one relay at a time counts the backlog
+
+
+class OperatorQueries:
+    """The operator's and the registry's half of PostgresStore."""
+
+    pool: psycopg_pool.AsyncConnectionPool
+    deadline: float
+
+    def _translated(self, *, bounded: bool = True) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    def _bounded(self, seconds: float | None = None) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
+        raise NotImplementedError
+
+    async def _count(self, query: Any, params: dict[str, Any]) -> int:
+        raise NotImplementedError
+
+    async def _in_batches(
+        self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
+    ) -> int:
+        raise NotImplementedError
+
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        params = {"topic": topic, "limit": limit, "scan": BLOCKED_SCAN}
+        return [BlockedKey(*r) for r in await self._fetch(_KEYS_BLOCKED, params)]
+
+    async def get(self, message_id: uuid.UUID) -> StoredMessage:
+        rows = await self._fetch(_GET, {"id": message_id})
+        if not rows:
+            raise NotFound(message_id)
+        return _stored(rows[0])
+
+    async def list_buried(
+        self,
+        *,
+        topic: str | None = None,
+        within: dt.timedelta | None = None,
+        limit: int = 100,
+        now: dt.datetime | None = None,
+    ) -> list[StoredMessage]:
+        params = {"topic": topic, "within": within, "limit": limit, "now": now}
+        return [_stored(r) for r in await self._fetch(_BURIED_LIST, params)]
+
+    async def requeue(
+        self,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
+        if dry_run:
+            return await self._buried_count({**params, "older_than": None})
+        return await self._in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
+
+    async def purge_buried(
+        self,
+        older_than: dt.timedelta,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        params = {"now": now, "older_than": older_than, "topic": topic}
+        if dry_run:
+            return await self._buried_count({**params, "ids": None})
+        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch}, unpark=True)
+
+    async def _buried_count(self, params: dict[str, Any]) -> int:
+        [(n,)] = await self._fetch(_BURIED_COUNT, params)
+        return int(n)
+
+    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
+        if max_age is None:
+            return [TopicStats(*r) for r in await self._fetch(_BACKLOG_MEASURE, {"keep": False})]
+        # Counting a large backlog may take longer than a claim: six deadlines.
+        async with (
+            self._translated(bounded=False),
+            self._bounded(6 * self.deadline),
+            self.pool.connection() as conn,
+            conn.transaction(),
+        ):
+            cur = await conn.execute(_TRY_LOCK, {"key": BACKLOG_LOCK_KEY})
+            row = await cur.fetchone()
+            mine = bool(row and row[0])
+            cur = await conn.execute(_BACKLOG_READ, {"max_age": max_age})
+            last = await cur.fetchone()
+            # Fresh, or being measured by another relay right now: read it.
+            if last is not None and (last[1] or not mine):
+                return [_backlog_entry(*entry) for entry in last[0]]
+            cur = await conn.execute(_BACKLOG_MEASURE, {"keep": mine})
+            return [TopicStats(*r) for r in await cur.fetchall()]
+
+    async def topics(self) -> dict[str, TopicSettings]:
+        return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
+
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
+        await self._count(_TOPIC_UPSERT, _topic_params(settings, now))
+
+    async def govern_topic(
+        self, settings: TopicSettings, now: dt.datetime | None = None
+    ) -> str | None:
+        params = {**_topic_params(settings, now), "owner_since": settings.owner_since}
+        rows = await self._fetch(_TOPIC_GOVERN, params)
+        if not rows:  # lost to a writer that committed after this statement began
+            rows = await self._fetch(_TOPIC_HOLDER, {"topic": settings.topic})
+        return rows[0][0] if rows else None
+
+    async def delete_topic(self, topic: str) -> bool:
+        return await self._count(_TOPIC_DELETE, {"topic": topic}) > 0
+
+
+def _stored(r: Any) -> StoredMessage:
+    return StoredMessage(
+        message=Message(id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]),
+        due_at=r[5],
+        leased_until=r[6],
+        last_error=r[7],
+        buried_at=r[8],
+        requeues=r[9],
+        requeued_at=r[10],
+        size=r[11] if len(r) > 11 else None,
+    )
+
+
+def _backlog_entry(topic: str, pending: int, buried: int, oldest: str | None) -> TopicStats:
+    return TopicStats(
+        topic, pending, buried, None if oldest is None else dt.datetime.fromisoformat(oldest)
+    )
+
+
+def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:
+    validate_topic(settings.topic)
+    return {
+        "topic": settings.topic,
+        "enabled": settings.enabled,
+        "handler": settings.handler,
+        "config": Jsonb(dict(settings.config)),
+        "max_attempts": settings.max_attempts,
+        "timeout": settings.timeout,
+        "max_in_flight": settings.max_in_flight,
+        "source": settings.source,
+        "on_buried": settings.on_buried,
+        "now": now,
+    }
