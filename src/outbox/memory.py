@@ -166,7 +166,11 @@ class MemoryStore(MemoryKeys):
             raise NotFound(message_id)
 
     async def ack_many(
-        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+        self,
+        message_ids: Sequence[uuid.UUID],
+        *,
+        followed: Collection[tuple[str, str]] = (),
+        keyed: bool = True,
     ) -> int:
         return sum(self._rows.pop(i, None) is not None for i in set(message_ids))
 

@@ -213,13 +213,18 @@ class RelayStore(Protocol):
         ...
 
     async def ack_many(
-        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+        self,
+        message_ids: Sequence[uuid.UUID],
+        *,
+        followed: Collection[tuple[str, str]] = (),
+        keyed: bool = True,
     ) -> int:
         """Remove delivered messages in one round trip; return how many were there.
 
         Not fenced: a delivered message needs no more delivery, whoever holds it.
         ``followed``: (topic, key) pairs whose next message the caller holds
-        (leased), so nothing behind them needs unparking.
+        (leased), so nothing behind them needs unparking. ``keyed`` False: the
+        caller knows none of them has a key.
         """
         ...
 

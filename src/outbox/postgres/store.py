@@ -40,6 +40,7 @@ __all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepali
 _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
+_ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _KEY_UNPARK = QUERIES["key_unpark"]
 _CLAIM_RUN = QUERIES["message_claim_run"]
 _KEY_REPAIR = QUERIES["key_repair"]
@@ -194,10 +195,16 @@ class PostgresStore(OperatorQueries):
         await self._unpark(rows)
 
     async def ack_many(
-        self, message_ids: Sequence[uuid.UUID], *, followed: Collection[tuple[str, str]] = ()
+        self,
+        message_ids: Sequence[uuid.UUID],
+        *,
+        followed: Collection[tuple[str, str]] = (),
+        keyed: bool = True,
     ) -> int:
         if not message_ids:
             return 0
+        if not keyed:
+            return await self._count(_ACK_UNKEYED, {"ids": list(message_ids)})
         [(n, topics, keys)] = await self._fetch(_ACK_MANY, {"ids": list(message_ids)})
         if topics:
             skip = set(followed)

@@ -57,7 +57,7 @@ class Delivering:
                 runs.setdefault((m.topic, m.key), []).append(self._held[m.id])
         for m in claimed:
             held = self._held[m.id]
-            if m.key is not None and len(runs[m.topic, m.key]) > 1:
+            if runs and m.key is not None and len(runs[m.topic, m.key]) > 1:
                 continue
             if self._admit(held):
                 self._queue.append(held)

@@ -214,6 +214,7 @@ class Settler:
                     for h in items
                     if h.followed and h.message.key is not None
                 },
+                keyed=any(h.message.key is not None for h in items),
             ),
         )
         if done is None:

@@ -270,6 +270,10 @@ SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER 
 -- Remove a delivered message; its topic and key, for key_unpark.
 DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
 
+-- message_ack_unkeyed --
+-- message_ack_many for messages without a key (nothing to unpark behind them).
+DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
+
 -- message_ack_many --
 -- Remove a batch of delivered messages in one round trip. Not fenced: a
 -- message that was delivered needs no further delivery, whoever holds it now.
