@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from outbox.keys import BLOCKED_SCAN, BlockedKey
 from outbox.message import Message
 from outbox.uow import UnitOfWork
 
@@ -33,7 +34,9 @@ SWEEP_BATCH = 5_000
 SWEEP_BUDGET = 250_000
 """Messages one unserved sweep buries at most; the next sweep goes on."""
 
+
 __all__ = [
+    "BLOCKED_SCAN",
     "SWEEP_BATCH",
     "SWEEP_BUDGET",
     "BlockedKey",
@@ -53,26 +56,6 @@ __all__ = [
 
 Tx = TypeVar("Tx")
 Tx_contra = TypeVar("Tx_contra", contravariant=True)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BlockedKey:
-    """A key whose messages wait behind a head that is buried or keeps failing."""
-
-    topic: str
-    key: str
-    head: uuid.UUID
-    since: dt.datetime
-    """When the head was buried; for a failing head, when it was added."""
-    reason: str | None
-    """The head's last error."""
-    buried: bool
-    waiting: int
-    """Messages of the key parked behind the head (counted among at most BLOCKED_SCAN)."""
-
-
-BLOCKED_SCAN = 100_000
-"""Most waiting messages one keys_blocked call reads."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

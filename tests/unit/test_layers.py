@@ -28,6 +28,7 @@ CORE = {
     "uow",
     "memory",
     "memory_keys",
+    "keys",
     "durations",
     "postgres",
     "wake",
