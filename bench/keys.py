@@ -1,7 +1,7 @@
 """What ordering per key costs the drain: unkeyed, keyed over many keys, one hot key.
 
-One relay (``Relay.run()``, batch 100, interval 10 ms, a no-op handler) drains,
-in a fresh schema each, in one run:
+One relay (``Relay.run()``, batch 100, the default interval of 1 s, a no-op
+handler) drains, in a fresh schema each, in one run:
 
 - ``--messages`` unkeyed messages;
 - the same number with keys, spread over ``--keys`` keys (interleaved, as
@@ -11,6 +11,7 @@ in a fresh schema each, in one run:
 Reported: messages per second, and the keyed drains over the unkeyed one.
 
     python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
+        [--interval 1s]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 TOPIC = "bench.keys"
 
 
-async def drain(url: str, keys: list[str | None], rounds: int) -> float:
+async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
     import psycopg
     from prometheus_client import CollectorRegistry
     from psycopg import sql
@@ -64,7 +65,7 @@ async def drain(url: str, keys: list[str | None], rounds: int) -> float:
                 if seen == len(keys):
                     done.set()
 
-            cfg = RelayConfig.model_validate({"batch": 100, "interval": "10ms"})
+            cfg = RelayConfig.model_validate({"batch": 100, "interval": interval})
             relay = Relay(
                 store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
             )
@@ -92,6 +93,11 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--hot", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--interval",
+        default="1s",
+        help="the relay's OUTBOX_INTERVAL: how often an idle relay polls (and housekeeps)",
+    )
     args = parser.parse_args()
     n = args.messages
     print(
@@ -100,9 +106,11 @@ def main() -> int:
     )
     print("| ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
-        plain = anyio.run(drain, args.database_url, [None] * n, r)
-        spread = anyio.run(drain, args.database_url, [f"k{i % args.keys}" for i in range(n)], r)
-        hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, r)
+        plain = anyio.run(drain, args.database_url, [None] * n, args.interval)
+        spread = anyio.run(
+            drain, args.database_url, [f"k{i % args.keys}" for i in range(n)], args.interval
+        )
+        hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, args.interval)
         print(
             f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x | {hot:,.0f} |",
             flush=True,

@@ -107,6 +107,7 @@ class MemoryStore(MemoryKeys):
         solo: bool = False,
         max_bytes: int | None = None,
         run: int = 0,
+        room: int | None = None,
     ) -> Claimed:
         check_claim(lease, limit)
         now = now or self.clock()
@@ -158,7 +159,7 @@ class MemoryStore(MemoryKeys):
             row.token, row.solo = token, solo
             claimed.append(row.message)
         if run > 0 and not solo:
-            self._run(claimed, run, limit, max_bytes, now, until, token)
+            self._run(claimed, run, limit if room is None else room, max_bytes, now, until, token)
         return claimed
 
     async def ack(self, message_id: uuid.UUID) -> None:
@@ -171,6 +172,7 @@ class MemoryStore(MemoryKeys):
         *,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
+        durable: bool = True,
     ) -> int:
         return sum(self._rows.pop(i, None) is not None for i in set(message_ids))
 

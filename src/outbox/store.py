@@ -173,6 +173,7 @@ class RelayStore(Protocol):
         solo: bool = False,
         max_bytes: int | None = None,
         run: int = 0,
+        room: int | None = None,
     ) -> Claimed:
         """Lease up to ``limit`` due messages, earliest due first, for ``lease``.
 
@@ -187,7 +188,8 @@ class RelayStore(Protocol):
         Of the messages that share a key only the first not yet delivered (the
         key's head) is claimed; with ``run``, also up to that many of the key's
         next messages, in order after all heads, while each is due (the caller
-        must start each only once the one before it was acked).
+        must start each only once the one before it was acked), ``room``
+        messages in all (None: ``limit``), heads included.
         """
         ...
 
@@ -201,13 +203,18 @@ class RelayStore(Protocol):
         *,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
+        durable: bool = True,
     ) -> int:
         """Remove delivered messages in one round trip; return how many were there.
 
         Not fenced: a delivered message needs no more delivery, whoever holds it.
         ``followed``: (topic, key) pairs whose next message the caller holds
         (leased), so nothing behind them needs unparking. ``keyed`` False: the
-        caller knows none of them has a key.
+        caller knows none of them needs unparking behind it (none has a key, or
+        each is followed). ``durable`` False (a run's acks, with ``keyed``
+        False): the store may answer before the removal is flushed to disk, so
+        a crash of the database itself (never of a relay) may undo the last
+        ones; they are then delivered again, in order.
         """
         ...
 

@@ -41,6 +41,7 @@ _CLAIM = QUERIES["message_claim"]
 _ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
+_ACK_RUN = QUERIES["message_ack_run"]
 _KEY_UNPARK = QUERIES["key_unpark"]
 _CLAIM_RUN = QUERIES["message_claim_run"]
 _KEY_REPAIR = QUERIES["key_repair"]
@@ -153,6 +154,7 @@ class PostgresStore(OperatorQueries):
         solo: bool = False,
         max_bytes: int | None = None,
         run: int = 0,
+        room: int | None = None,
     ) -> Claimed:
         check_claim(lease, limit)
         token = uuid.uuid4()
@@ -171,7 +173,7 @@ class PostgresStore(OperatorQueries):
         claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
         claimed.orphans = len(rows) - len(claimed)
         heads = [r for r in rows if r[0] is not None and r[6] is not None]
-        room = limit - len(claimed)
+        room = (limit if room is None else room) - len(claimed)
         if run > 0 and heads and room > 0 and not solo:
             used = sum(len(m.payload) for m in claimed)
             more = {
@@ -200,11 +202,13 @@ class PostgresStore(OperatorQueries):
         *,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
+        durable: bool = True,
     ) -> int:
         if not message_ids:
             return 0
         if not keyed:
-            return await self._count(_ACK_UNKEYED, {"ids": list(message_ids)})
+            query = _ACK_UNKEYED if durable else _ACK_RUN
+            return await self._count(query, {"ids": list(message_ids)})
         [(n, topics, keys)] = await self._fetch(_ACK_MANY, {"ids": list(message_ids)})
         if topics:
             skip = set(followed)

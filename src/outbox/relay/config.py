@@ -62,7 +62,7 @@ Duration = Annotated[
 """A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds, at most 30 days."""
 
 
-KEY_RUN = 64
+KEY_RUN = 256
 """Most messages of one key a claim takes after the key's head (handed over in turn)."""
 CLAIM_WAIT = 15.0
 """Longest a claim may take (PostgresStore bounds its own at 10 s)."""

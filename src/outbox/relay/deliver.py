@@ -13,6 +13,7 @@ import collections
 import datetime as dt
 import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -44,6 +45,9 @@ class Delivering:
     _workers: int
     _stopping: bool
     _changed: anyio.Event | None
+
+    def wake(self, topics: Iterable[str] | None = None) -> None:
+        raise NotImplementedError
 
     async def _start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
         """Queue ``claimed`` and add workers while every running one waits.
@@ -174,7 +178,8 @@ class Delivering:
                 if not held.decided:
                     self._timed_out(held)
                 if i + 1 < len(run):
-                    await self.settler.flush()  # the ack is in the store before the next starts
+                    # The ack is in the store before the next starts.
+                    await self.settler.settled(held)
         finally:
             self._workers -= 1
             self._signal()
@@ -217,6 +222,10 @@ class Delivering:
         if self._held.pop(held.message.id, None) is not None:
             self._held_bytes -= len(held.message.payload)
             self._signal()
+            if held.acked and held.message.key is not None and not held.followed:
+                # The ack unparked the key's next message: claim it now, not
+                # an interval later (nobody notifies an unpark).
+                self.wake()
 
     def _signal(self) -> None:
         if self._changed is not None and not self._changed.is_set():

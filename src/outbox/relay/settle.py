@@ -74,6 +74,8 @@ class Held:
     """Its ack is in the store (a key's next message waits for it)."""
     followed: bool = False
     """This relay holds the next message of its key (its ack unparks nothing)."""
+    settled: bool = False
+    """Its outcome's write is over (done, fenced out, or given up)."""
 
 
 Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str, bool], tuple[Held, str])
@@ -106,6 +108,8 @@ class Settler:
         self._ready: anyio.Event | None = None
         self._lock: anyio.Lock | None = None
         self._closed = False
+        self._round_over: anyio.Event | None = None
+        """Set (and replaced) as each round of writes ends."""
 
     # -- queueing (synchronous, cheap: called once per delivery) -------------
 
@@ -149,6 +153,25 @@ class Settler:
                 self._ready = anyio.Event()
             await self.flush()
 
+    async def settled(self, held: Held) -> None:
+        """Return once ``held``'s queued outcome was written (or given up), in a
+        round with whatever else was queued by then: a key's next message waits
+        on its predecessor's ack this way, while the acks of many keys still
+        share statements. With no round under way it writes one itself, a task
+        switch sooner than run() would.
+        """
+        lock = self._lock_()
+        while not held.settled:
+            if lock.locked():
+                if self._round_over is None:
+                    self._round_over = anyio.Event()
+                await self._round_over.wait()
+                continue
+            async with lock:
+                if not self.pending():
+                    return  # nothing of held's is queued
+                await self._round()
+
     def close(self) -> None:
         """Let run() return once it has written what is queued."""
         self._closed = True
@@ -161,45 +184,62 @@ class Settler:
         Cancelled mid-write, it puts back what it had not confirmed, so a
         relay's last flush (shielded) still writes it.
         """
+        async with self._lock_():
+            while self.pending():
+                await self._round()
+
+    def _lock_(self) -> anyio.Lock:
         if self._lock is None:
             self._lock = anyio.Lock()
-        async with self._lock:
-            while self.pending():
-                acks, self.acks = self.acks, []
-                dropped, self.dropped = self.dropped, {}
-                retries, self.retries = self.retries, []
-                buries, self.buries = self.buries, []
-                releases, self.releases = self.releases, []
-                stage = 0
-                try:
-                    if acks:
-                        await self._acks(acks, dropped)
-                        self._over(acks)
-                    stage = 1
-                    if retries:
-                        await self._retries(retries)
-                        self._over(h for h, _, _, _ in retries)
-                    stage = 2
-                    if buries:
-                        await self._buries(buries)
-                        self._over(h for h, _ in buries)
-                    stage = 3
-                    if releases:
-                        await self._releases(releases)
-                        self._over(releases)
-                except BaseException:
-                    if stage <= 0:
-                        self.acks[:0] = acks
-                        self.dropped.update(dropped)
-                    if stage <= 1:
-                        self.retries[:0] = retries
-                    if stage <= 2:
-                        self.buries[:0] = buries
-                    self.releases[:0] = releases
-                    raise
+        return self._lock
+
+    async def _round(self) -> None:
+        """One round of writes (the lock held); then wake whoever waits for one."""
+        try:
+            await self._write_round()
+        finally:
+            over, self._round_over = self._round_over, None
+            if over is not None:
+                over.set()
+
+    async def _write_round(self) -> None:
+        """Write what is queued: acks, retries, burials, releases, a statement each."""
+        acks, self.acks = self.acks, []
+        dropped, self.dropped = self.dropped, {}
+        retries, self.retries = self.retries, []
+        buries, self.buries = self.buries, []
+        releases, self.releases = self.releases, []
+        stage = 0
+        try:
+            if acks:
+                await self._acks(acks, dropped)
+                self._over(acks)
+            stage = 1
+            if retries:
+                await self._retries(retries)
+                self._over(h for h, _, _, _ in retries)
+            stage = 2
+            if buries:
+                await self._buries(buries)
+                self._over(h for h, _ in buries)
+            stage = 3
+            if releases:
+                await self._releases(releases)
+                self._over(releases)
+        except BaseException:
+            if stage <= 0:
+                self.acks[:0] = acks
+                self.dropped.update(dropped)
+            if stage <= 1:
+                self.retries[:0] = retries
+            if stage <= 2:
+                self.buries[:0] = buries
+            self.releases[:0] = releases
+            raise
 
     def _over(self, items: Iterable[Held]) -> None:
         for held in items:
+            held.settled = True
             self.written(held)
 
     async def _acks(self, acks: list[Held], dropped: dict[uuid.UUID, str]) -> None:
@@ -214,7 +254,12 @@ class Settler:
                     for h in items
                     if h.followed and h.message.key is not None
                 },
-                keyed=any(h.message.key is not None for h in items),
+                # A followed message's successor is this relay's already: its
+                # ack is the plain DELETE, nothing to unpark behind it.
+                keyed=any(h.message.key is not None and not h.followed for h in items),
+                # Only a run's acks wait on each other: one flush to disk each
+                # would be most of a hot key's time (see message_ack_run).
+                durable=not all(h.followed for h in items),
             ),
         )
         if done is None:

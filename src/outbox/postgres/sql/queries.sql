@@ -259,9 +259,11 @@ ran AS (
         leased_until = (SELECT now FROM clock) + %(lease)s,
         lease_token = %(token)s,
         lease_solo = false
-    FROM run AS r
-    WHERE m.id = r.id AND m.buried_at IS NULL
-      AND (m.leased_until IS NULL OR m.leased_until = 'infinity')
+    -- By id through the primary key. A join with the CTE, or a condition the
+    -- partial claim indexes match, may be planned as a walk of every waiting
+    -- row (once per row of the run, for a join): tens of milliseconds.
+    WHERE m.id = ANY(ARRAY(SELECT id FROM run))
+      AND coalesce(m.leased_until, 'infinity') = 'infinity' AND m.buried_at IS NULL
     RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key, m.seq
 )
 SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER BY topic, key, seq;
@@ -271,8 +273,22 @@ SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER 
 DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
 
 -- message_ack_unkeyed --
--- message_ack_many for messages without a key (nothing to unpark behind them).
+-- message_ack_many for messages with nothing to unpark behind them: no key, or
+-- the relay holds the key's next message (a run).
 DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
+
+-- message_ack_run --
+-- message_ack_unkeyed for messages of a run (each ack lets the next message of
+-- its key start), committed without waiting for the WAL flush: visible to
+-- every session at once, so a relay that dies after it leaves nothing to
+-- redeliver; only a crash of PostgreSQL itself within a fraction of a second
+-- (wal_writer_delay) may lose it, and then the key's messages from the
+-- first lost ack on are delivered again, in order. set_config(..., true)
+-- lasts until this statement's own commit: one round trip, nothing left on
+-- the connection (safe behind a transaction pooler).
+DELETE FROM outbox_messages
+WHERE id = ANY(%(ids)b::uuid[])
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
 
 -- message_ack_many --
 -- Remove a batch of delivered messages in one round trip. Not fenced: a
