@@ -307,22 +307,23 @@ FROM gone;
 -- Unpark the head of each key of %(topics)s and %(keys)s (pairs): its first
 -- message that is not acked (nor buried, where its topic skips buried ones),
 -- if a claim parked it. Run after the ack, burial or purge that removed the
--- earlier head committed, in a statement of its own: its snapshot then sees
--- what every claim that parked a message behind that head committed, and a
--- claim still deciding is waited for (FOR UPDATE), so no message stays
--- parked behind a head that is gone.
+-- earlier head committed, in a statement of its own: a claim parks a message
+-- only behind an earlier one it read FOR KEY SHARE, which the ack's or
+-- purge's DELETE waits for, so every parking behind the removed head
+-- committed before this statement began and is in its snapshot. Nothing is
+-- locked but what is unparked: a key whose next message was never parked
+-- (the common case) costs one look into the key index.
 UPDATE outbox_messages AS m SET leased_until = NULL
 FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
 CROSS JOIN LATERAL (
-    SELECT e.id FROM outbox_messages AS e
+    SELECT e.id, e.leased_until FROM outbox_messages AS e
     WHERE e.topic = k.topic AND e.key = k.key
       AND (e.buried_at IS NULL
            OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
     ORDER BY e.seq
     LIMIT 1
-    FOR UPDATE OF e
 ) AS h
-WHERE m.id = h.id AND m.leased_until = 'infinity';
+WHERE h.leased_until = 'infinity' AND m.id = h.id AND m.leased_until = 'infinity';
 
 -- message_retry --
 -- Make one message due again at %(at)s, keeping the reason; with %(token)s
