@@ -351,7 +351,14 @@ class MemoryStore(MemoryKeys):
                 del self._rows[r.message.id]
         return len(old)
 
-    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
+    async def topic_stats(
+        self, *, max_age: dt.timedelta | None = None, blocked: bool = True
+    ) -> list[TopicStats]:
+        keys: dict[str, list[Any]] = {}
+        for b in await self.keys_blocked(limit=len(self._rows)):
+            entry = keys.setdefault(b.topic, [0, None])
+            entry[0] += 1
+            entry[1] = b.since if entry[1] is None else min(entry[1], b.since)
         stats: dict[str, list[Any]] = {}
         for r in self._rows.values():
             entry = stats.setdefault(r.message.topic, [0, 0, None])
@@ -361,7 +368,12 @@ class MemoryStore(MemoryKeys):
             entry[0] += 1
             if entry[2] is None or r.message.created_at < entry[2]:
                 entry[2] = r.message.created_at
-        return [TopicStats(topic, *stats[topic]) for topic in sorted(stats)]
+        out = []
+        for topic in sorted(stats):
+            pending, buried, oldest = stats[topic]
+            n, since = keys.get(topic, (0, None)) if blocked else (None, None)
+            out.append(TopicStats(topic, pending, buried, oldest, n, since))
+        return out
 
     async def topics(self) -> dict[str, TopicSettings]:
         return dict(self._topics)

@@ -113,6 +113,11 @@ class TopicStats:
     buried: int
     oldest_pending: dt.datetime | None
     """Creation time of the oldest message not buried."""
+    blocked_keys: int | None = 0
+    """Keys whose messages wait behind a buried or failing head (keys_blocked);
+    None: not measured (a count taken without the key columns)."""
+    oldest_blocked: dt.datetime | None = None
+    """When the longest of those blocks began."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -368,12 +373,17 @@ class Operator(Protocol):
         """
         ...
 
-    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
-        """Backlog per topic, in topic order.
+    async def topic_stats(
+        self, *, max_age: dt.timedelta | None = None, blocked: bool = True
+    ) -> list[TopicStats]:
+        """Backlog per topic, in topic order, with each topic's blocked keys.
 
         With ``max_age``, a measurement another process took within that age
         may be returned instead: counting reads every row, so a fleet shares
         one count per ``max_age`` rather than each relay counting for itself.
+        ``blocked`` False: a count of its own reads no key column (the
+        controller's grant) and leaves blocked_keys None; a shared
+        measurement still has them.
         """
         ...
 

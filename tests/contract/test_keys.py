@@ -159,6 +159,23 @@ async def test_blocked_keys_name_their_head_why_and_how_many_wait(store: Store[A
     assert [b.key for b in await store.keys_blocked()] == ["failing"]
 
 
+async def test_topic_stats_count_each_topics_blocked_keys(store: Store[Any]) -> None:
+    await add(store, *keyed("poisoned", 3), *keyed("failing", 2), *keyed("fine", 2))
+    got = {m.key: m for m in await claim(store)}
+    await store.bury_many([(got["poisoned"], "550 no such user")], now=T0)
+    await store.retry_many([(got["failing"], dt.timedelta(minutes=5), "timeout")], now=T0)
+    await claim(store)  # parks what waits behind the two heads
+
+    [stats] = await store.topic_stats()
+    assert (stats.blocked_keys, stats.oldest_blocked) == (2, T0)
+    [unmeasured] = await store.topic_stats(blocked=False)
+    assert unmeasured.blocked_keys is None, "a count without the key columns says so"
+    assert (unmeasured.pending, unmeasured.buried) == (stats.pending, stats.buried)
+    await store.set_topic(TopicSettings(TOPIC, handler="log", on_buried="skip"))
+    [skipping] = await store.topic_stats()
+    assert skipping.blocked_keys == 1, "a buried head blocks nothing where the topic skips"
+
+
 async def test_a_claim_may_take_a_keys_next_messages_in_order_after_its_head(
     store: Store[Any],
 ) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import anyio
 import kmock
 import nats
 from prometheus_client import CollectorRegistry
@@ -113,6 +114,31 @@ async def test_status_shows_the_backlog(cluster: Cluster) -> None:
     await eventually("the backlog in status", counted)
     assert cluster.obj("orders")["status"]["buried"] == 0
     assert cluster.obj("orders")["status"]["relays"] == 0
+
+
+async def test_status_shows_the_blocked_keys_the_relays_measured(cluster: Cluster) -> None:
+    store = cluster.store
+    async with store.begin() as tx:
+        await store.add(
+            tx, *(new_message("orders.placed", {"n": n}, key="order-1") for n in range(3))
+        )
+    [head] = await store.claim(None, dt.timedelta(minutes=1), 10)  # parks the two behind it
+    await store.bury_many([(head, "550 no such user")])
+    await cluster.create("orders", topic="orders.placed", handler="log", enabled=False)
+
+    async def relays_measuring() -> None:  # as every relay's backlog gauges do
+        while True:
+            await store.topic_stats(max_age=dt.timedelta(milliseconds=1))
+            await anyio.sleep(0.05)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relays_measuring)
+        await eventually(
+            "blockedKeys in status",
+            lambda: cluster.obj("orders").get("status", {}).get("blockedKeys") == 1,
+        )
+        tg.cancel_scope.cancel()
+    assert cluster.obj("orders")["status"]["buried"] == 1
 
 
 async def test_status_counts_the_live_relays_that_serve_the_topic(cluster: Cluster) -> None:

@@ -89,3 +89,23 @@ async def test_an_empty_table_counts_as_no_topics(
     await add(a, "mail.a", T0)
     assert await b.topic_stats(max_age=HOUR) == []  # a's count of nothing is fresh
     assert [s.pending for s in await b.topic_stats(max_age=NOW)] == [1]
+
+
+async def test_a_count_without_blocked_keys_is_not_kept_and_an_older_one_reads_as_unknown(
+    relays: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = relays
+    await add(a, "mail.a", T0)
+    [controllers] = await b.topic_stats(max_age=NOW, blocked=False)  # the controller's count
+    assert controllers.blocked_keys is None
+    [relays_count] = await a.topic_stats(max_age=HOUR)
+    assert relays_count.blocked_keys == 0, "the controller's count was not kept for the fleet"
+
+    # A relay of the release before blocked keys keeps four fields an entry.
+    async with a.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE outbox_backlog SET measured_at = now(),"
+            ' stats = \'[["mail.a", 1, 0, "2026-01-01T12:00:00+00:00"]]\''
+        )
+    [older] = await b.topic_stats(max_age=HOUR)
+    assert (older.pending, older.oldest_pending, older.blocked_keys) == (1, T0, None)

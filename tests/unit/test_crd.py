@@ -90,6 +90,7 @@ def test_printer_columns_show_what_sres_look_for() -> None:
         "Relays",
         "Pending",
         "Buried",
+        "Blocked",
         "Oldest",
         "Ready",
         "Reason",

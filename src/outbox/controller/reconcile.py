@@ -349,13 +349,16 @@ async def backlog(
 
     With ``max_age``, a relay's backlog count of at most that age will do.
     """
-    stats = {s.topic: s for s in await store.topic_stats(max_age=max_age)}.get(topic)
+    # Its grant reads no key column: blocked keys come from a relay's measurement.
+    stats = {s.topic: s for s in await store.topic_stats(max_age=max_age, blocked=False)}.get(topic)
     oldest = stats.oldest_pending if stats else None
     relays = sum(topic in r.topics for r in await store.relays())
     return {
         "relays": relays,
         "pending": stats.pending if stats else 0,
         "buried": stats.buried if stats else 0,
+        # None (unknown: no relay measured lately) removes the field.
+        "blockedKeys": (stats.blocked_keys if stats else 0),
         "oldestPendingSeconds": int((now - oldest).total_seconds()) if oldest else 0,
         "oldestPendingAt": oldest.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         if oldest

@@ -38,6 +38,7 @@ _BURIED_PURGE = QUERIES["buried_purge"]
 _BURIED_COUNT = QUERIES["buried_count"]
 _BACKLOG_READ = QUERIES["backlog_read"]
 _BACKLOG_MEASURE = QUERIES["backlog_measure"]
+_BACKLOG_MEASURE_BLOCKED = QUERIES["backlog_measure_blocked"]
 _TOPIC_LIST = QUERIES["topic_list"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
@@ -123,9 +124,14 @@ class OperatorQueries:
         [(n,)] = await self._fetch(_BURIED_COUNT, params)
         return int(n)
 
-    async def topic_stats(self, *, max_age: dt.timedelta | None = None) -> list[TopicStats]:
+    async def topic_stats(
+        self, *, max_age: dt.timedelta | None = None, blocked: bool = True
+    ) -> list[TopicStats]:
+        measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE
+        params = {"scan": BLOCKED_SCAN}
         if max_age is None:
-            return [TopicStats(*r) for r in await self._fetch(_BACKLOG_MEASURE, {"keep": False})]
+            rows = await self._fetch(measure, {**params, "keep": False})
+            return [_measured(r, blocked) for r in rows]
         # Counting a large backlog may take longer than a claim: six deadlines.
         async with (
             self._translated(bounded=False),
@@ -141,8 +147,10 @@ class OperatorQueries:
             # Fresh, or being measured by another relay right now: read it.
             if last is not None and (last[1] or not mine):
                 return [_backlog_entry(*entry) for entry in last[0]]
-            cur = await conn.execute(_BACKLOG_MEASURE, {"keep": mine})
-            return [TopicStats(*r) for r in await cur.fetchall()]
+            # Kept only with the blocked keys: a count without them would
+            # hide from the others what a relay's count found.
+            cur = await conn.execute(measure, {**params, "keep": mine and blocked})
+            return [_measured(r, blocked) for r in await cur.fetchall()]
 
     async def topics(self) -> dict[str, TopicSettings]:
         return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
@@ -176,10 +184,26 @@ def _stored(r: Any) -> StoredMessage:
     )
 
 
-def _backlog_entry(topic: str, pending: int, buried: int, oldest: str | None) -> TopicStats:
-    return TopicStats(
-        topic, pending, buried, None if oldest is None else dt.datetime.fromisoformat(oldest)
-    )
+def _backlog_entry(
+    topic: str,
+    pending: int,
+    buried: int,
+    oldest: str | None,
+    blocked: int | None = None,  # absent from an older release's measurement
+    since: str | None = None,
+) -> TopicStats:
+    return TopicStats(topic, pending, buried, _instant(oldest), blocked, _instant(since))
+
+
+def _instant(text: str | None) -> dt.datetime | None:
+    return None if text is None else dt.datetime.fromisoformat(text)
+
+
+def _measured(row: Any, blocked: bool) -> TopicStats:
+    if blocked:
+        return TopicStats(*row)
+    topic, pending, buried, oldest = row
+    return TopicStats(topic, pending, buried, oldest, blocked_keys=None)
 
 
 def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:

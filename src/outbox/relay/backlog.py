@@ -59,7 +59,12 @@ class Backlog:
         Series of topics that are gone and no longer labels are removed.
         """
         stats = await self.store.topic_stats(max_age=max_age)
-        blocked = await self.store.keys_blocked(limit=BLOCKED_KEYS)
+        blocked: list[tuple[str, int, dt.datetime | None]] = [
+            (s.topic, s.blocked_keys or 0, s.oldest_blocked) for s in stats
+        ]
+        if any(s.blocked_keys is None for s in stats):  # an older relay's measurement
+            found = await self.store.keys_blocked(limit=BLOCKED_KEYS)
+            blocked = [(b.topic, 1, b.since) for b in found]
         now = self.clock()
         label = self.label or _first({s.topic for s in stats} | self._seen)
         totals: dict[str, list[float]] = {}
@@ -69,10 +74,11 @@ class Backlog:
             entry[1] += s.pending
             if s.oldest_pending is not None:
                 entry[2] = max(entry[2], (now - s.oldest_pending).total_seconds())
-        for b in blocked:
-            entry = totals.setdefault(label(b.topic), [0, 0, 0.0, 0, 0.0])
-            entry[3] += 1
-            entry[4] = max(entry[4], (now - b.since).total_seconds())
+        for topic, keys, since in blocked:
+            entry = totals.setdefault(label(topic), [0, 0, 0.0, 0, 0.0])
+            entry[3] += keys
+            if since is not None:
+                entry[4] = max(entry[4], (now - since).total_seconds())
         g = self.gauges
         gauges = (g.buried, g.pending, g.oldest, g.blocked, g.oldest_blocked)
         for name, values in totals.items():

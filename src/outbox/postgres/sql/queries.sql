@@ -540,6 +540,61 @@ kept AS (
 )
 SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 
+-- backlog_measure_blocked --
+-- backlog_measure, with each topic's blocked keys (as keys_blocked finds them,
+-- from at most %(scan)s parked rows) and the oldest block's start. What a
+-- relay measures; the controller's grant reads none of the key columns, so it
+-- measures with backlog_measure and takes these from a relay's measurement.
+WITH stats AS MATERIALIZED (
+    SELECT topic,
+           count(*) FILTER (WHERE buried_at IS NULL) AS pending,
+           count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+    FROM outbox_messages
+    GROUP BY topic
+),
+waiting AS MATERIALIZED (
+    SELECT DISTINCT topic, key
+    FROM (
+        SELECT topic, key FROM outbox_messages
+        WHERE leased_until = 'infinity' AND buried_at IS NULL
+        LIMIT %(scan)s
+    ) AS p
+),
+blocked AS MATERIALIZED (
+    SELECT w.topic, count(*) AS keys, min(coalesce(h.buried_at, h.created_at)) AS since
+    FROM waiting AS w
+    CROSS JOIN LATERAL (
+        SELECT e.buried_at, e.created_at, e.last_error
+        FROM outbox_messages AS e
+        WHERE e.topic = w.topic AND e.key = w.key AND e.leased_until IS DISTINCT FROM 'infinity'
+          AND (e.buried_at IS NULL
+               OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+        ORDER BY e.seq
+        LIMIT 1
+    ) AS h
+    WHERE h.buried_at IS NOT NULL OR h.last_error IS NOT NULL
+    GROUP BY w.topic
+),
+joined AS MATERIALIZED (
+    SELECT s.topic, s.pending, s.buried, s.oldest_pending,
+           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked
+    FROM stats AS s
+    LEFT JOIN blocked AS b ON b.topic = s.topic
+),
+kept AS (
+    INSERT INTO outbox_backlog (id, measured_at, stats)
+    SELECT true, now(),
+           coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending,
+                                                blocked_keys, oldest_blocked)
+                              ORDER BY topic), '[]')
+    FROM joined
+    HAVING %(keep)s
+    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
+)
+SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked
+FROM joined ORDER BY topic;
+
 -- topic_list --
 -- The whole topic registry.
 SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
