@@ -170,11 +170,22 @@ class MemoryStore(MemoryKeys):
         self,
         message_ids: Sequence[uuid.UUID],
         *,
+        tokens: Collection[uuid.UUID] | None = None,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
         durable: bool = True,
-    ) -> int:
-        return sum(self._rows.pop(i, None) is not None for i in set(message_ids))
+    ) -> set[uuid.UUID]:
+        held = None if tokens is None else set(tokens)
+        removed = set()
+        for i in set(message_ids):
+            row = self._rows.get(i)
+            if row is None:
+                continue
+            if row.message.key is not None and held is not None and row.token not in held:
+                continue  # another lease holds it now (see Store.ack_many)
+            del self._rows[i]
+            removed.add(i)
+        return removed
 
     async def retry_many(
         self,

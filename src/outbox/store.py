@@ -206,13 +206,18 @@ class RelayStore(Protocol):
         self,
         message_ids: Sequence[uuid.UUID],
         *,
+        tokens: Collection[uuid.UUID] | None = None,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
         durable: bool = True,
-    ) -> int:
-        """Remove delivered messages in one round trip; return how many were there.
+    ) -> set[uuid.UUID]:
+        """Remove delivered messages in one round trip; return the ids removed.
 
-        Not fenced: a delivered message needs no more delivery, whoever holds it.
+        A message without a key is not fenced: once delivered it needs no more
+        delivery, whoever holds it. A keyed one is removed only while one of
+        the leases ``tokens`` (the caller's; None: any) holds it, so a relay
+        that stalled past its lease cannot end the current holder's delivery
+        of a key's message early (letting the next start beside it).
         ``followed``: (topic, key) pairs whose next message the caller holds
         (leased), so nothing behind them needs unparking. ``keyed`` False: the
         caller knows none of them needs unparking behind it (none has a key, or

@@ -159,6 +159,22 @@ async def test_blocked_keys_name_their_head_why_and_how_many_wait(store: Store[A
     assert [b.key for b in await store.keys_blocked()] == ["failing"]
 
 
+async def test_a_stale_ack_leaves_a_keyed_message_to_its_current_holder(
+    store: Store[Any],
+) -> None:
+    await add(store, *keyed("order-1", 2))
+    [stale] = await claim(store)  # its relay stalls past the lease
+    [current] = await claim(store, T0 + LEASE)  # another relay takes the head over
+    assert current.id == stale.id
+
+    removed = await store.ack_many([stale.id], tokens=[stale.lease])  # type: ignore[list-item]
+
+    assert removed == set(), "a stale ack must not end the holder's delivery"
+    assert await claim(store, T0 + LEASE) == [], "the next waits while the head is held"
+    assert await store.ack_many([current.id], tokens=[current.lease]) == {current.id}  # type: ignore[list-item]
+    assert ns(await claim(store, T0 + LEASE)) == [("order-1", 1)]
+
+
 async def test_topic_stats_count_each_topics_blocked_keys(store: Store[Any]) -> None:
     await add(store, *keyed("poisoned", 3), *keyed("failing", 2), *keyed("fine", 2))
     got = {m.key: m for m in await claim(store)}

@@ -200,20 +200,22 @@ class PostgresStore(OperatorQueries):
         self,
         message_ids: Sequence[uuid.UUID],
         *,
+        tokens: Collection[uuid.UUID] | None = None,
         followed: Collection[tuple[str, str]] = (),
         keyed: bool = True,
         durable: bool = True,
-    ) -> int:
+    ) -> set[uuid.UUID]:
         if not message_ids:
-            return 0
+            return set()
+        params = {"ids": list(message_ids), "tokens": None if tokens is None else list(tokens)}
         if not keyed:
             query = _ACK_UNKEYED if durable else _ACK_RUN
-            return await self._count(query, {"ids": list(message_ids)})
-        [(n, topics, keys)] = await self._fetch(_ACK_MANY, {"ids": list(message_ids)})
+            return {r[0] for r in await self._fetch(query, params)}
+        [(ids, topics, keys)] = await self._fetch(_ACK_MANY, params)
         if topics:
             skip = set(followed)
             await self._unpark(p for p in zip(topics, keys, strict=True) if p not in skip)
-        return int(n)
+        return set(ids)
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
         """Unpark the next message of each key whose head just left (key_unpark)."""

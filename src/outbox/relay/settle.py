@@ -249,6 +249,13 @@ class Settler:
             lambda h: h,
             lambda items: self.store.ack_many(
                 [h.message.id for h in items],
+                # Keyed acks are fenced by the lease (see Store.ack_many).
+                tokens={
+                    h.message.lease
+                    for h in items
+                    if h.message.key is not None and h.message.lease is not None
+                }
+                or None,
                 followed={
                     (h.message.topic, h.message.key)
                     for h in items
@@ -266,9 +273,13 @@ class Settler:
             return
         debug = log.isEnabledFor(logging.DEBUG)
         delivered: collections.Counter[str] = collections.Counter()
-        for h in done[0]:
-            h.acked = True
+        items, removed = done
+        for h in items:
             m = h.message
+            if m.key is not None and m.id not in removed:
+                self._lost(m, "ack")  # the current holder's delivery goes on
+                continue
+            h.acked = True
             reason = dropped.get(m.id) if dropped else None
             if reason is None:
                 delivered[m.topic] += 1

@@ -274,8 +274,11 @@ DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
 
 -- message_ack_unkeyed --
 -- message_ack_many for messages with nothing to unpark behind them: no key, or
--- the relay holds the key's next message (a run).
-DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
+-- the relay holds the key's next message (a run). Returns the ids removed.
+DELETE FROM outbox_messages
+WHERE id = ANY(%(ids)b::uuid[])
+  AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
+RETURNING id;
 
 -- message_ack_run --
 -- message_ack_unkeyed for messages of a run (each ack lets the next message of
@@ -288,18 +291,27 @@ DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
 -- the connection (safe behind a transaction pooler).
 DELETE FROM outbox_messages
 WHERE id = ANY(%(ids)b::uuid[])
-  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
+  AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
+RETURNING id;
 
 -- message_ack_many --
--- Remove a batch of delivered messages in one round trip. Not fenced: a
--- message that was delivered needs no further delivery, whoever holds it now.
+-- Remove a batch of delivered messages in one round trip. A message without a
+-- key is not fenced: once delivered it needs no further delivery, whoever
+-- holds it now. A keyed one is removed only while one of the leases
+-- %(tokens)s (the acking relay's; NULL: any) holds it: a relay that stalled
+-- past its lease must not end the current holder's delivery early, which
+-- would let the key's next message start beside it.
 -- Ids go in binary (%(ids)b, as in the other batched writes): 16 bytes each,
--- no text to quote and parse. Returns how many, and the topics and keys of
--- the keyed ones (for key_unpark).
+-- no text to quote and parse. Returns the ids removed, and the topics and
+-- keys of the keyed ones (for key_unpark).
 WITH gone AS (
-    DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]) RETURNING topic, key
+    DELETE FROM outbox_messages
+    WHERE id = ANY(%(ids)b::uuid[])
+      AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
+    RETURNING id, topic, key
 )
-SELECT count(*), array_agg(topic) FILTER (WHERE key IS NOT NULL),
+SELECT coalesce(array_agg(id), '{}'), array_agg(topic) FILTER (WHERE key IS NOT NULL),
        array_agg(key) FILTER (WHERE key IS NOT NULL)
 FROM gone;
 
