@@ -80,9 +80,9 @@ KEYED = "test.keyed"
 
 
 async def keyed_start(m: Message) -> None:
-    """Record the start (key, n, pid, attempt) in RECORDING_FILE; then one first
-    attempt in 30 (by id, so every relay agrees) fails."""
-    _append(f"{m.key} {m.json()['n']} {os.getpid()} {m.attempts}")
+    """Record the start (key, n, pid, attempt, id) in RECORDING_FILE; then one
+    first attempt in 30 (by id, so every relay agrees) fails."""
+    _append(f"{m.key} {m.json()['n']} {os.getpid()} {m.attempts} {m.id}")
     delay = float(os.environ.get("RECORDING_DELAY", "0"))
     if delay:
         await anyio.sleep(delay)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import re
 import signal
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -16,6 +18,7 @@ from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
 from tests.integration.process import RelayProcess, count, query, run_outbox, wait_until
+from tests.tools import require_library
 
 KEYS, PER_KEY = 60, 25
 
@@ -150,3 +153,158 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
             db, "SELECT key, seq, leased_until::text, buried_at, attempts FROM outbox_messages"
         )
         raise AssertionError(f"{rows}\n{relay.log[-3000:]}") from None
+
+
+def _records(path: Path) -> list[tuple[str, int, int, int, str]]:
+    """(key, n, pid, attempt, id) of every handler start, in order."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        key, n, pid, attempt, mid = line.split()
+        out.append((key, int(n), int(pid), int(attempt), mid))
+    return out
+
+
+def _add_keyed(db: str, keys: int, per_key: int) -> int:
+    """Interleaved keys, each transaction a slice of every key in order."""
+    with psycopg.connect(db) as conn:
+        for n0 in range(0, per_key, 5):
+            with conn.transaction():
+                add_sync(
+                    conn,
+                    *(
+                        new_message(recording.KEYED, {"n": n}, key=f"order-{k}")
+                        for n in range(n0, min(n0 + 5, per_key))
+                        for k in range(keys)
+                    ),
+                )
+    return keys * per_key
+
+
+def _assert_in_order_and_complete(seen: list[tuple[str, int]], total: int) -> None:
+    by_key: dict[str, list[int]] = collections.defaultdict(list)
+    for key, n in seen:
+        by_key[key].append(n)
+    assert len(set(seen)) == total, "a message was never delivered"
+    for key, ns in by_key.items():
+        early = [(a, b) for a, b in itertools.pairwise(ns) if b < a]
+        assert not early, f"{key}: a start before an earlier message's: {early[:3]} in {ns}"
+
+
+def _keyed_relay(relays: list[RelayProcess], tmp_path: Path, db: str, **env: str) -> RelayProcess:
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_HANDLERS="tests.integration.recording:keyed_handlers",
+        OUTBOX_INTERVAL="100ms",
+        RECORDING_FILE=str(tmp_path / "starts"),
+        **env,
+    )
+    relays.append(relay)
+    return relay
+
+
+def test_a_relay_stopped_past_its_lease_mid_key_changes_nothing_when_it_wakes(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    record = tmp_path / "starts"
+    # Every delivery outlives the stalled relay's timeout: it is stopped while
+    # its keys' heads are in its handlers and their runs wait in its hands.
+    stalled = _keyed_relay(
+        relays, tmp_path, db, OUTBOX_TIMEOUT="1s", OUTBOX_LEASE="3s", RECORDING_DELAY="5"
+    )
+    stalled.wait_ready()
+    total = _add_keyed(db, keys=5, per_key=10)
+    wait_until("the 5 heads in the stalled relay's handlers", lambda: len(_records(record)) == 5)
+    stalled.signal(signal.SIGSTOP)
+
+    healthy = _keyed_relay(relays, tmp_path, db, OUTBOX_TIMEOUT="1s", OUTBOX_LEASE="3s")
+    wait_until(
+        "the healthy relay to drain the keys",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
+        timeout=60,
+    )
+    stalled.signal(signal.SIGCONT)  # its deadlines have passed: it writes back what it held
+
+    def lost() -> float:
+        metrics = stalled.get("/metrics")[1]
+        found = re.search(r'^outbox_lease_lost_total\{topic="test.keyed"\} (\S+)$', metrics, re.M)
+        return float(found[1]) if found else 0.0
+
+    wait_until("the stale relay to count its lost leases", lambda: lost() >= 5, timeout=15)
+    records = _records(record)
+    assert [r for r in records if r[2] == stalled.pid] == records[:5], (
+        "the stale relay started nothing after it woke"
+    )
+    _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)
+    assert count(db, "SELECT count(*) FROM outbox_messages") == 0, "a stale write brought one back"
+    healthy.signal(signal.SIGTERM)
+    assert healthy.wait(15) == 0
+
+
+@pytest.mark.parametrize("offset", ["+5m", "-5m"])
+def test_keys_stay_in_order_beside_a_relay_whose_clock_is_minutes_off(
+    db: str, relays: list[RelayProcess], tmp_path: Path, offset: str
+) -> None:
+    library = require_library("/usr/lib/*/faketime/libfaketime.so.1", "faketime")
+    record = tmp_path / "starts"
+    honest = _keyed_relay(relays, tmp_path, db, OUTBOX_BATCH="10", RECORDING_DELAY="0.002")
+    skewed = _keyed_relay(
+        relays,
+        tmp_path,
+        db,
+        OUTBOX_BATCH="10",
+        RECORDING_DELAY="0.002",
+        LD_PRELOAD=library,
+        FAKETIME=offset,
+        FAKETIME_DONT_FAKE_MONOTONIC="1",
+    )
+    honest.wait_ready()
+    skewed.wait_ready()
+    total = _add_keyed(db, keys=30, per_key=20)
+
+    wait_until(
+        "the outbox to empty",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
+        timeout=90,
+    )
+
+    records = _records(record)
+    _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)
+    attempts: dict[str, list[int]] = collections.defaultdict(list)
+    for *_, attempt, mid in records:
+        attempts[mid].append(attempt)
+    for mid, seen in attempts.items():
+        failed_once = uuid.UUID(mid).int % 30 == 0  # keyed_start's designed failure
+        assert seen == ([1, 2] if failed_once else [1]), f"{mid} was claimed under a lease: {seen}"
+    assert {r[2] for r in records} == {honest.pid, skewed.pid}, "both relays took keys"
+
+
+def test_a_relay_that_lacks_the_keyed_handler_leaves_its_keys_to_the_one_that_has_it(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    record = tmp_path / "starts"
+    total = _add_keyed(db, keys=10, per_key=10)
+    # The release before: it serves another topic only and never claims these.
+    old = RelayProcess(
+        tmp_path, OUTBOX_DATABASE_URL=db, OUTBOX_INTERVAL="100ms", OUTBOX_LOG_TOPICS="orders.placed"
+    )
+    relays.append(old)
+    old.wait_ready()
+    new = _keyed_relay(relays, tmp_path, db)
+    new.wait_ready()
+
+    wait_until(
+        "the new relay to deliver every key",
+        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
+        timeout=60,
+    )
+
+    records = _records(record)
+    _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)
+    assert {r[2] for r in records} == {new.pid}
+    assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
+    for relay in (old, new):
+        relay.signal(signal.SIGTERM)
+        assert relay.wait(15) == 0
