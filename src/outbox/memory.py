@@ -122,7 +122,7 @@ class MemoryStore(MemoryKeys):
                 and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
-                and self._heads(r)
+                and self._heads(r, now)
             ),
             key=lambda r: (r.due_at, r.message.id),
         )

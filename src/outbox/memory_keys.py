@@ -44,9 +44,10 @@ class MemoryKeys:
     _rows: dict[uuid.UUID, _Row]
     _topics: dict[str, TopicSettings]
 
-    def _heads(self, r: _Row) -> bool:
-        """Whether no earlier message of ``r``'s key is still to deliver: none
-        unacked, or buried where the topic does not skip buried messages."""
+    def _heads(self, r: _Row, now: dt.datetime) -> bool:
+        """Whether no earlier message of ``r``'s key is still to deliver (none
+        unacked, or buried where the topic does not skip buried messages), and
+        no later one is in flight."""
         key = r.message.key
         if key is None:
             return True
@@ -54,8 +55,12 @@ class MemoryKeys:
         return not any(
             o.message.key == key
             and o.message.topic == r.message.topic
-            and o.seq < r.seq
-            and (o.buried_at is None or not skip)
+            and (
+                (o.seq < r.seq and (o.buried_at is None or not skip))
+                # A requeued message waits while a later one of its key is in
+                # flight (the key went on past it; PostgresStore parks it).
+                or (o.seq > r.seq and o.leased_until is not None and o.leased_until > now)
+            )
             for o in self._rows.values()
         )
 

@@ -175,6 +175,23 @@ async def test_a_stale_ack_leaves_a_keyed_message_to_its_current_holder(
     assert ns(await claim(store, T0 + LEASE)) == [("order-1", 1)]
 
 
+async def test_a_message_requeued_while_its_key_went_on_waits_for_the_one_in_flight(
+    store: Store[Any],
+) -> None:
+    await store.set_topic(TopicSettings(TOPIC, handler="log", on_buried="skip"))
+    await add(store, *keyed("k", 3))
+    [first] = await claim(store)
+    await store.bury_many([(first, "550")], now=T0)  # skipped: the key goes on
+    [second] = await claim(store)
+    assert ns([second]) == [("k", 1)]
+
+    assert await store.requeue(ids=[first.id], now=T0) == 1
+
+    assert await claim(store) == [], "one message of a key in flight at a time"
+    await store.ack_many([second.id])
+    assert ns(await claim(store)) == [("k", 0)], "the requeued message goes next"
+
+
 async def test_topic_stats_count_each_topics_blocked_keys(store: Store[Any]) -> None:
     await add(store, *keyed("poisoned", 3), *keyed("failing", 2), *keyed("fine", 2))
     got = {m.key: m for m in await claim(store)}

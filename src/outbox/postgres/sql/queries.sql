@@ -445,7 +445,16 @@ UPDATE outbox_messages AS m
 SET buried_at = NULL,
     due_at = clock.now,
     attempts = 0,
-    leased_until = NULL,
+    -- A keyed message whose key went on past it (its topic skips buried
+    -- ones) waits, parked, while a later message of its key is in flight:
+    -- that message's ack unparks it, so it goes next, before the rest.
+    leased_until = CASE WHEN m.key IS NOT NULL AND coalesce((
+        SELECT e.lease_token IS NOT NULL AND e.leased_until <> 'infinity'
+        FROM outbox_messages AS e
+        WHERE e.topic = m.topic AND e.key = m.key AND e.seq > m.seq AND e.buried_at IS NULL
+        ORDER BY e.seq
+        LIMIT 1
+    ), false) THEN 'infinity'::timestamptz END,
     lease_token = NULL,
     lease_solo = false,
     requeues = requeues + 1,
