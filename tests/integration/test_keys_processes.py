@@ -63,39 +63,17 @@ def test_three_relays_killed_mid_backlog_start_no_message_before_an_earlier_one_
     live = [start() for _ in range(3)]
     for relay in live:
         relay.wait_ready()
-    # Interleaved keys, each transaction holding a slice of every key in order.
-    with psycopg.connect(db) as conn:
-        for n0 in range(0, PER_KEY, 5):
-            with conn.transaction():
-                add_sync(
-                    conn,
-                    *(
-                        new_message(recording.KEYED, {"n": n}, key=f"order-{k}")
-                        for n in range(n0, n0 + 5)
-                        for k in range(KEYS)
-                    ),
-                )
-    total = KEYS * PER_KEY
+    total = _add_keyed(db, KEYS, PER_KEY)
     for after in (200, 600, 1000):
         wait_until(f"{after} starts", lambda n=after: len(starts(record)) >= n, timeout=90)
         victim = live.pop(0)
         victim.signal(signal.SIGKILL)
         victim.wait(10)
         live.append(start())
-    wait_until(
-        "the outbox to empty",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
-        timeout=120,
-    )
+    _drained(db, timeout=120)
 
     seen = starts(record)
-    by_key: dict[str, list[int]] = collections.defaultdict(list)
-    for key, n in seen:
-        by_key[key].append(n)
-    assert len({(k, n) for k, n in seen}) == total, "a message was never delivered"
-    for key, ns in by_key.items():
-        early = [(a, b) for a, b in itertools.pairwise(ns) if b < a]
-        assert not early, f"{key}: a start before an earlier message's: {early[:3]} in {ns}"
+    _assert_in_order_and_complete(seen, total)
     assert len(seen) > total, "no failure or kill made a redelivery: the test proved little"
 
 
@@ -153,6 +131,10 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
             db, "SELECT key, seq, leased_until::text, buried_at, attempts FROM outbox_messages"
         )
         raise AssertionError(f"{rows}\n{relay.log[-3000:]}") from None
+
+
+def _drained(db: str, what: str = "the outbox to empty", timeout: float = 90) -> None:
+    wait_until(what, lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0, timeout)
 
 
 def _records(path: Path) -> list[tuple[str, int, int, int, str]]:
@@ -220,11 +202,7 @@ def test_a_relay_stopped_past_its_lease_mid_key_changes_nothing_when_it_wakes(
     stalled.signal(signal.SIGSTOP)
 
     healthy = _keyed_relay(relays, tmp_path, db, OUTBOX_TIMEOUT="1s", OUTBOX_LEASE="3s")
-    wait_until(
-        "the healthy relay to drain the keys",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
-        timeout=60,
-    )
+    _drained(db, "the healthy relay to drain the keys")
     stalled.signal(signal.SIGCONT)  # its deadlines have passed: it writes back what it held
 
     def lost() -> float:
@@ -264,11 +242,7 @@ def test_keys_stay_in_order_beside_a_relay_whose_clock_is_minutes_off(
     skewed.wait_ready()
     total = _add_keyed(db, keys=30, per_key=20)
 
-    wait_until(
-        "the outbox to empty",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
-        timeout=90,
-    )
+    _drained(db)
 
     records = _records(record)
     _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)
@@ -295,11 +269,7 @@ def test_a_relay_that_lacks_the_keyed_handler_leaves_its_keys_to_the_one_that_ha
     new = _keyed_relay(relays, tmp_path, db)
     new.wait_ready()
 
-    wait_until(
-        "the new relay to deliver every key",
-        lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0,
-        timeout=60,
-    )
+    _drained(db, "the new relay to deliver every key")
 
     records = _records(record)
     _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)
