@@ -8,7 +8,9 @@ handler) drains, in a fresh schema each, in one run:
   orders arrive);
 - ``--hot`` messages of one key.
 
-Reported: messages per second, and the keyed drains over the unkeyed one.
+Reported: messages per second, the keyed drains over the unkeyed one, and
+the hot key against the ceiling of any relay that keeps a key's order: one
+connection acking a run's messages one at a time (``serial acks``).
 
     python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
         [--interval 1s]
@@ -81,6 +83,39 @@ async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
+async def serial_acks(url: str, n: int) -> float:
+    """One connection running a run's ack (message_ack_run) for n rows, one at a
+    time, as fast as it can: the ceiling of any relay that starts a key's next
+    message only once the one before it is acked."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from outbox import new_message
+    from outbox.postgres import PostgresStore, connect_pool, migrate
+    from outbox.postgres.queries import QUERIES
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    try:
+        await migrate(conninfo)
+        async with connect_pool(conninfo, max_size=1) as pool:
+            store = PostgresStore(pool)
+            msgs = [new_message(TOPIC, {"n": i}, key="hot") for i in range(n)]
+            async with store.begin() as tx:
+                await store.add(tx, *msgs)
+            async with pool.connection() as conn:
+                started = time.perf_counter()
+                for m in msgs:
+                    await conn.execute(QUERIES["message_ack_run"], {"ids": [m.id], "tokens": None})
+                return n / (time.perf_counter() - started)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -102,17 +137,19 @@ def main() -> int:
     n = args.messages
     print(
         f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed"
-        f" | one hot key ({args.hot}) |"
+        f" | one hot key ({args.hot}) | serial acks | hot / serial acks |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
         plain = anyio.run(drain, args.database_url, [None] * n, args.interval)
         spread = anyio.run(
             drain, args.database_url, [f"k{i % args.keys}" for i in range(n)], args.interval
         )
         hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, args.interval)
+        ceiling = anyio.run(serial_acks, args.database_url, args.hot)
         print(
-            f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x | {hot:,.0f} |",
+            f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x | {hot:,.0f}"
+            f" | {ceiling:,.0f} | {hot / ceiling:.2f} |",
             flush=True,
         )
     return 0
