@@ -211,7 +211,8 @@ class RelayStore(Protocol):
         keyed: bool = True,
         durable: bool = True,
     ) -> set[uuid.UUID]:
-        """Remove delivered messages in one round trip; return the ids removed.
+        """Remove delivered messages in one round trip; return the ids removed
+        (with ``keyed`` False and no ``tokens``: the ids given, unchecked).
 
         A message without a key is not fenced: once delivered it needs no more
         delivery, whoever holds it. A keyed one is removed only while one of
@@ -221,8 +222,9 @@ class RelayStore(Protocol):
         ``followed``: (topic, key) pairs whose next message the caller holds
         (leased), so nothing behind them needs unparking. ``keyed`` False: the
         caller knows none of them needs unparking behind it (none has a key, or
-        each is followed). ``durable`` False (a run's acks, with ``keyed``
-        False): the store may answer before the removal is flushed to disk, so
+        each is followed; without ``tokens``, none has a key). ``durable``
+        False (a run's acks, with ``keyed`` False): the store may answer before
+        the removal is flushed to disk, so
         a crash of the database itself (never of a relay) may undo the last
         ones; they are then delivered again, in order.
         """

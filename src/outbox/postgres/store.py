@@ -207,10 +207,13 @@ class PostgresStore(OperatorQueries):
     ) -> set[uuid.UUID]:
         if not message_ids:
             return set()
-        params = {"ids": list(message_ids), "tokens": None if tokens is None else list(tokens)}
-        if not keyed:
-            query = _ACK_UNKEYED if durable else _ACK_RUN
-            return {r[0] for r in await self._fetch(query, params)}
+        ids = list(message_ids)
+        if not keyed and tokens is None:  # no key among them: the plain DELETE
+            await self._count(_ACK_UNKEYED, {"ids": ids})
+            return set(ids)
+        params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
+        if not keyed and not durable:
+            return {r[0] for r in await self._fetch(_ACK_RUN, params)}
         [(ids, topics, keys)] = await self._fetch(_ACK_MANY, params)
         if topics:
             skip = set(followed)

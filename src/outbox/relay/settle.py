@@ -243,32 +243,7 @@ class Settler:
             self.written(held)
 
     async def _acks(self, acks: list[Held], dropped: dict[uuid.UUID, str]) -> None:
-        done = await self._persist(
-            "ack",
-            acks,
-            lambda h: h,
-            lambda items: self.store.ack_many(
-                [h.message.id for h in items],
-                # Keyed acks are fenced by the lease (see Store.ack_many).
-                tokens={
-                    h.message.lease
-                    for h in items
-                    if h.message.key is not None and h.message.lease is not None
-                }
-                or None,
-                followed={
-                    (h.message.topic, h.message.key)
-                    for h in items
-                    if h.followed and h.message.key is not None
-                },
-                # A followed message's successor is this relay's already: its
-                # ack is the plain DELETE, nothing to unpark behind it.
-                keyed=any(h.message.key is not None and not h.followed for h in items),
-                # Only a run's acks wait on each other: one flush to disk each
-                # would be most of a hot key's time (see message_ack_run).
-                durable=not all(h.followed for h in items),
-            ),
-        )
+        done = await self._persist("ack", acks, lambda h: h, self._ack_many)
         if done is None:
             return
         debug = log.isEnabledFor(logging.DEBUG)
@@ -290,6 +265,24 @@ class Settler:
                 log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
         for topic, n in delivered.items():  # one increment a topic, not one a message
             self.metrics.topic(topic).delivered.inc(n)
+
+    def _ack_many(self, items: list[Held]) -> Awaitable[set[uuid.UUID]]:
+        ids = [h.message.id for h in items]
+        keyed = [h for h in items if h.message.key is not None]
+        if not keyed:  # the common case: the plain DELETE
+            return self.store.ack_many(ids, keyed=False)
+        return self.store.ack_many(
+            ids,
+            # Keyed acks are fenced by the lease (see Store.ack_many).
+            tokens={h.message.lease for h in keyed if h.message.lease is not None},
+            followed={(h.message.topic, h.message.key) for h in keyed if h.followed},  # type: ignore[misc]
+            # A followed message's successor is this relay's already: nothing
+            # to unpark behind it.
+            keyed=not all(h.followed for h in keyed),
+            # Only a run's acks wait on each other: one flush to disk each
+            # would be most of a hot key's time (see message_ack_run).
+            durable=len(keyed) < len(items) or not all(h.followed for h in keyed),
+        )
 
     async def _retries(self, retries: list[tuple[Held, dt.timedelta, str, bool]]) -> None:
         await self._fenced(

@@ -276,16 +276,13 @@ SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER 
 DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
 
 -- message_ack_unkeyed --
--- message_ack_many for messages with nothing to unpark behind them: no key, or
--- the relay holds the key's next message (a run). Returns the ids removed.
-DELETE FROM outbox_messages
-WHERE id = ANY(%(ids)b::uuid[])
-  AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
-RETURNING id;
+-- message_ack_many for messages without a key: nothing to fence, nothing to
+-- unpark, nothing to return.
+DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
 
 -- message_ack_run --
--- message_ack_unkeyed for messages of a run (each ack lets the next message of
--- its key start), committed without waiting for the WAL flush: visible to
+-- message_ack_many for messages of a run, which need no unparking (each ack
+-- lets the next message of its key start); returns the ids removed. Committed without waiting for the WAL flush: visible to
 -- every session at once, so a relay that dies after it leaves nothing to
 -- redeliver; only a crash of PostgreSQL itself within a fraction of a second
 -- (wal_writer_delay) may lose it, and then the key's messages from the
