@@ -29,6 +29,7 @@ CORE = {
     "memory",
     "memory_keys",
     "keys",
+    "records",
     "durations",
     "postgres",
     "wake",
