@@ -25,7 +25,10 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -34,13 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 TOPIC = "bench.keys"
 
 
-async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
+@asynccontextmanager
+async def stored(url: str, keys: list[str | None], pool_size: int) -> AsyncIterator[Any]:
+    """A PostgresStore on a fresh schema holding one message a key of ``keys``
+    (None: unkeyed), in order; the schema is dropped afterwards."""
     import psycopg
-    from prometheus_client import CollectorRegistry
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
 
-    from outbox import Message, Relay, RelayConfig, new_message
+    from outbox import new_message
     from outbox.postgres import PostgresStore, connect_pool, migrate
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
@@ -49,7 +54,7 @@ async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float
     conninfo = make_conninfo(url, options=f"-c search_path={schema}")
     try:
         await migrate(conninfo)
-        async with connect_pool(conninfo, max_size=4) as pool:
+        async with connect_pool(conninfo, max_size=pool_size) as pool:
             store = PostgresStore(pool)
             for start in range(0, len(keys), 1000):
                 async with store.begin() as tx:
@@ -58,62 +63,53 @@ async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float
                         *(new_message(TOPIC, {"n": i}, key=keys[i])
                           for i in range(start, min(start + 1000, len(keys)))),
                     )  # fmt: skip
-            done = anyio.Event()
-            seen = 0
-
-            async def noop(m: Message) -> None:
-                nonlocal seen
-                seen += 1
-                if seen == len(keys):
-                    done.set()
-
-            cfg = RelayConfig.model_validate({"batch": 100, "interval": interval})
-            relay = Relay(
-                store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
-            )
-            started = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(relay.run)
-                await done.wait()
-                took = time.perf_counter() - started
-                relay.stop()
-            return len(keys) / took
+            yield store
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
+    from prometheus_client import CollectorRegistry
+
+    from outbox import Message, Relay, RelayConfig
+
+    async with stored(url, keys, pool_size=4) as store:
+        done = anyio.Event()
+        seen = 0
+
+        async def noop(m: Message) -> None:
+            nonlocal seen
+            seen += 1
+            if seen == len(keys):
+                done.set()
+
+        cfg = RelayConfig.model_validate({"batch": 100, "interval": interval})
+        relay = Relay(
+            store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
+        )
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            await done.wait()
+            took = time.perf_counter() - started
+            relay.stop()
+        return len(keys) / took
 
 
 async def serial_acks(url: str, n: int) -> float:
     """One connection running a run's ack (message_ack_run) for n rows, one at a
     time, as fast as it can: the ceiling of any relay that starts a key's next
     message only once the one before it is acked."""
-    import psycopg
-    from psycopg import sql
-    from psycopg.conninfo import make_conninfo
-
-    from outbox import new_message
-    from outbox.postgres import PostgresStore, connect_pool, migrate
     from outbox.postgres.queries import QUERIES
 
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
-    try:
-        await migrate(conninfo)
-        async with connect_pool(conninfo, max_size=1) as pool:
-            store = PostgresStore(pool)
-            msgs = [new_message(TOPIC, {"n": i}, key="hot") for i in range(n)]
-            async with store.begin() as tx:
-                await store.add(tx, *msgs)
-            async with pool.connection() as conn:
-                started = time.perf_counter()
-                for m in msgs:
-                    await conn.execute(QUERIES["message_ack_run"], {"ids": [m.id], "tokens": None})
-                return n / (time.perf_counter() - started)
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    async with stored(url, ["hot"] * n, pool_size=1) as store, store.pool.connection() as conn:
+        cur = await conn.execute("SELECT id FROM outbox_messages ORDER BY seq")
+        ids = [r[0] for r in await cur.fetchall()]
+        started = time.perf_counter()
+        for message_id in ids:
+            await conn.execute(QUERIES["message_ack_run"], {"ids": [message_id], "tokens": None})
+        return n / (time.perf_counter() - started)
 
 
 def main() -> int:

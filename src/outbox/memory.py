@@ -366,7 +366,7 @@ class MemoryStore(MemoryKeys):
         self, *, max_age: dt.timedelta | None = None, blocked: bool = True
     ) -> list[TopicStats]:
         keys: dict[str, list[Any]] = {}
-        for b in await self.keys_blocked(limit=len(self._rows)):
+        for b in await self.keys_blocked(limit=len(self._rows)) if blocked else ():
             entry = keys.setdefault(b.topic, [0, None])
             entry[0] += 1
             entry[1] = b.since if entry[1] is None else min(entry[1], b.since)

@@ -63,7 +63,9 @@ Duration = Annotated[
 
 
 KEY_RUN = 256
-"""Most messages of one key a claim takes after the key's head (handed over in turn)."""
+"""Most messages of one key a claim takes after the key's head (handed over in
+turn). Runs take at most half the free slots beside the claim's heads: a hot
+key is a few claims, and one key never fills a relay that has others."""
 CLAIM_WAIT = 15.0
 """Longest a claim may take (PostgresStore bounds its own at 10 s)."""
 STORE_WAIT = 5.0

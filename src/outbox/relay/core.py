@@ -337,10 +337,7 @@ class Relay(Delivering, Housekeeping):
             await self._until(lambda: self._held_bytes < self.config.in_flight_bytes)
             return False
         want = min(self._claim_size, free)
-        # Runs of keys (handed over one at a time) may take up to half the free
-        # slots, the claim's size for heads aside: a hot key is then a few
-        # claims, and one key's run never fills a relay that has other keys.
-        claimed = await self._claim(want, max_bytes=room, room=max(want, free // 2))
+        claimed = await self._claim(want, max_bytes=room)
         self.metrics.database_up.set(1)
         self.metrics.last_poll.set(time.time())
         await self._start(claimed, tg)
@@ -373,12 +370,7 @@ class Relay(Delivering, Housekeeping):
     # -- claiming --------------------------------------------------------------
 
     async def _claim(
-        self,
-        limit: int,
-        *,
-        solo: bool = False,
-        max_bytes: int | None = None,
-        room: int | None = None,
+        self, limit: int, *, solo: bool = False, max_bytes: int | None = None
     ) -> Claimed:
         router = self.router
         caps = None
@@ -404,7 +396,7 @@ class Relay(Delivering, Housekeeping):
                         solo=solo,
                         max_bytes=max_bytes,
                         run=KEY_RUN,
-                        room=room,
+                        room=max(limit, (self.slots - len(self._held)) // 2),  # see KEY_RUN
                     )
             except TimeoutError:
                 raise StoreUnavailable(f"no claim within {CLAIM_WAIT:g}s") from None
