@@ -117,7 +117,8 @@ class Settler:
         self.acks.append(held)
         if dropped is not None:
             self.dropped[held.message.id] = dropped
-        self._poke()
+        if not held.followed:  # a run's ack is written by its settled() call
+            self._poke()
 
     def retry(self, held: Held, delay: dt.timedelta, reason: str, *, counted: bool = True) -> None:
         """Retry after ``delay``; ``counted`` False hands the attempt back (Unavailable)."""
@@ -161,16 +162,28 @@ class Settler:
         switch sooner than run() would.
         """
         lock = self._lock_()
+        try:
+            await self._settle(held, lock)
+        finally:
+            if not held.settled:  # cancelled: leave the rest to run()
+                self._poke()
+
+    async def _settle(self, held: Held, lock: anyio.Lock) -> None:
         while not held.settled:
             if lock.locked():
                 if self._round_over is None:
                     self._round_over = anyio.Event()
                 await self._round_over.wait()
                 continue
-            async with lock:
+            # No round under way: write one now, without the task switch a
+            # contended acquire() would cost (a hot key pays it per message).
+            lock.acquire_nowait()
+            try:
                 if not self.pending():
                     return  # nothing of held's is queued
                 await self._round()
+            finally:
+                lock.release()
 
     def close(self) -> None:
         """Let run() return once it has written what is queued."""

@@ -322,20 +322,30 @@ FROM gone;
 -- earlier head committed, in a statement of its own: a claim parks a message
 -- only behind an earlier one it read FOR KEY SHARE, which the ack's or
 -- purge's DELETE waits for, so every parking behind the removed head
--- committed before this statement began and is in its snapshot. Nothing is
--- locked but what is unparked: a key whose next message was never parked
--- (the common case) costs one look into the key index.
+-- committed before this statement began and is in its snapshot. The key's
+-- first parked message (outbox_messages_parked_idx) is its head when nothing
+-- live comes before it: a key with nothing parked, the common case, costs one
+-- look into an empty range of that index. Nothing is locked but what is
+-- unparked.
 UPDATE outbox_messages AS m SET leased_until = NULL
-FROM unnest(%(topics)s::text[], %(keys)s::text[]) AS k(topic, key)
+FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
 CROSS JOIN LATERAL (
-    SELECT e.id, e.leased_until FROM outbox_messages AS e
-    WHERE e.topic = k.topic AND e.key = k.key
-      AND (e.buried_at IS NULL
-           OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
-    ORDER BY e.seq
+    SELECT p.id, p.seq FROM outbox_messages AS p
+    WHERE p.topic = k.topic AND p.key = k.key AND p.leased_until = 'infinity'
+      AND p.buried_at IS NULL
+    ORDER BY p.seq
     LIMIT 1
 ) AS h
-WHERE h.leased_until = 'infinity' AND m.id = h.id AND m.leased_until = 'infinity';
+-- The head check is a subquery per parked key, never a join the planner may
+-- turn into a walk of the whole table.
+WHERE m.id = h.id AND m.leased_until = 'infinity'
+  AND h.seq = (
+      SELECT e.seq FROM outbox_messages AS e
+      WHERE e.topic = k.topic AND e.key = k.key
+        AND (e.buried_at IS NULL
+             OR e.topic NOT IN (SELECT topic FROM outbox_topics WHERE on_buried = 'skip'))
+      ORDER BY e.seq
+      LIMIT 1);
 
 -- message_retry --
 -- Make one message due again at %(at)s, keeping the reason; with %(token)s
