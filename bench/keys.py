@@ -10,10 +10,12 @@ handler) drains, in a fresh schema each, in one run:
 
 Reported: messages per second, the keyed drains over the unkeyed one, and
 the hot key against the ceiling of any relay that keeps a key's order: one
-connection acking a run's messages one at a time (``serial acks``).
+connection acking a run's messages one at a time (``serial acks``). With
+``--statements``, instead: one unkeyed and one keyed drain, with the calls and
+wall time of each statement the store ran (where a drain's time goes).
 
     python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
-        [--interval 1s]
+        [--interval 1s] [--statements]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """
@@ -112,6 +114,35 @@ async def serial_acks(url: str, n: int) -> float:
         return n / (time.perf_counter() - started)
 
 
+def statements(url: str, keys: list[str | None], interval: str) -> dict[str, list[float]]:
+    """Drain ``keys`` as drain() does; per statement of the store: [calls, seconds]."""
+    from outbox.postgres import PostgresStore
+    from outbox.postgres.queries import QUERIES
+
+    names = {id(q): name for name, q in QUERIES.items()}
+    spent: dict[str, list[float]] = {}
+    fetch, count = PostgresStore._fetch, PostgresStore._count
+
+    def timed(run: Any) -> Any:
+        async def call(self: PostgresStore, query: Any, params: dict[str, Any]) -> Any:
+            started = time.perf_counter()
+            try:
+                return await run(self, query, params)
+            finally:
+                entry = spent.setdefault(names.get(id(query), str(query)[:40]), [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - started
+
+        return call
+
+    PostgresStore._fetch, PostgresStore._count = timed(fetch), timed(count)  # type: ignore[method-assign]
+    try:
+        anyio.run(drain, url, keys, interval)
+    finally:
+        PostgresStore._fetch, PostgresStore._count = fetch, count  # type: ignore[method-assign]
+    return spent
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -129,8 +160,23 @@ def main() -> int:
         default="1s",
         help="the relay's OUTBOX_INTERVAL: how often an idle relay polls (and housekeeps)",
     )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="where a drain's time goes, statement by statement",
+    )
     args = parser.parse_args()
     n = args.messages
+    if args.statements:
+        for label, keys in (
+            ("unkeyed", [None] * n),
+            ("keyed", [f"k{i % args.keys}" for i in range(n)]),
+        ):
+            print(f"{label}: statement, calls, ms each")
+            spent = statements(args.database_url, keys, args.interval)
+            for name, (calls, seconds) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
+                print(f"  {name} {calls:.0f} {seconds / calls * 1000:.1f}")
+        return 0
     print(
         f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed"
         f" | one hot key ({args.hot}) | serial acks | hot / serial acks |"
