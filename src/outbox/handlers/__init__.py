@@ -11,12 +11,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from outbox.clock import Clock, system_clock
+from outbox.handler import Handler, HandlerKind
 from outbox.handlers.jetstream import NatsKind
 from outbox.handlers.settings import NatsSettings, WebhookSettings
 from outbox.handlers.webhook import WebhookKind
 from outbox.message import Message
-from outbox.relay import Clock, system_clock
-from outbox.relay.routing import Handler, HandlerKind
 
 __all__ = ["HandlerKinds", "log_handler"]
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from outbox.handler import Handler
 from outbox.handlers.allow import check_subject
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
-from outbox.relay.routing import Handler
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping
 
 from outbox.durations import format_duration
-from outbox.relay.routing import HandlerKind
+from outbox.handler import HandlerKind
 from outbox.store import TopicSettings
 
 __all__ = ["MAX_ATTEMPTS", "MAX_IN_FLIGHT", "EntryError", "check_entry"]

@@ -17,7 +17,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.handlers.allow import UrlPrefix
-from outbox.relay.config import ENV_PREFIX, Duration
+from outbox.settings import ENV_PREFIX, Duration
 
 __all__ = ["NatsSettings", "SmtpSettings", "WebhookSettings", "lower"]
 

@@ -27,12 +27,12 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from outbox.clock import Clock
 from outbox.errors import Permanent, RetryAfter
+from outbox.handler import Handler
 from outbox.handlers.allow import UrlPrefix, origin, parse_url
 from outbox.handlers.config import parse_config
 from outbox.message import Message
-from outbox.relay import Clock
-from outbox.relay.routing import Handler
 from outbox.webhooks import signature_headers
 
 __all__ = ["SECRET_PREFIX", "WebhookConfig", "WebhookKind"]

@@ -8,9 +8,9 @@ clock skew, the unserved sweep), ``backoff``.
 from __future__ import annotations
 
 from outbox.clock import Clock, system_clock
+from outbox.handler import Handler, HandlerKind
 from outbox.relay.backoff import backoff
 from outbox.relay.core import Relay
-from outbox.relay.routing import Handler, HandlerKind
 from outbox.relay.settle import clean_reason
 
 __all__ = [

@@ -1,29 +1,25 @@
 """The relay's tunables: interval, timeout, lease, batch, concurrency, attempts, the grace.
 
 Durations are ``timedelta`` here; strings like ``250ms`` or ``1m30s`` are
-parsed at this edge only.
+parsed at this edge only (outbox.settings.Duration).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, TypeVar
+from typing import Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
-    ValidationError,
     ValidationInfo,
     field_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from outbox.durations import format_duration, parse_duration
-from outbox.errors import ConfigError
+from outbox.durations import format_duration
+from outbox.settings import ENV_PREFIX, Duration, config_error, load
 
 __all__ = [
     "CLAIM_WAIT",
@@ -36,31 +32,6 @@ __all__ = [
     "config_error",
     "load",
 ]
-
-ENV_PREFIX = "OUTBOX_"
-
-SETTING_LONGEST = dt.timedelta(days=30)
-"""The longest duration a setting takes: a lease or a timeout of months is a
-typo, and ``now + lease`` must never overflow."""
-
-
-def _bounded(value: dt.timedelta) -> dt.timedelta:
-    if value > SETTING_LONGEST:
-        raise ValueError(
-            f"{format_duration(value)} is too long for this setting (at most "
-            f"{format_duration(SETTING_LONGEST)})"
-        )
-    return value
-
-
-Duration = Annotated[
-    dt.timedelta,
-    BeforeValidator(parse_duration),
-    AfterValidator(_bounded),
-    PlainSerializer(format_duration, return_type=str),
-]
-"""A timedelta that reads ``250ms``, ``2m``, ``1m30s`` or plain seconds, at most 30 days."""
-
 
 KEY_RUN = 256
 """Most messages of one key a claim takes after the key's head (handed over in
@@ -174,24 +145,3 @@ class RelaySettings(BaseSettings, RelayConfig):
     """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
-
-
-S = TypeVar("S", bound=BaseSettings)
-
-
-def load(cls: type[S], **overrides: Any) -> S:
-    """Build ``cls`` from the environment; raise ConfigError naming the bad variable."""
-    try:
-        return cls(**overrides)
-    except ValidationError as exc:
-        raise config_error(cls, exc) from None
-
-
-def config_error(cls: type[BaseSettings], exc: ValidationError) -> ConfigError:
-    """The first problem of ``exc`` as a ConfigError that names its variable."""
-    err = exc.errors(include_url=False, include_input=False)[0]
-    prefix = cls.model_config.get("env_prefix", "")
-    field = str(err["loc"][0]) if err["loc"] else ""
-    variable = f"{prefix}{field}".upper() if field else prefix.rstrip("_") or cls.__name__
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return ConfigError(variable, message)

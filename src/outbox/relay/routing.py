@@ -23,12 +23,13 @@ import functools
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
+from outbox.handler import AsyncHandler, Handler, HandlerKind
 from outbox.message import Message
 from outbox.relay.config import RelayConfig
 from outbox.store import TopicSettings
@@ -36,16 +37,6 @@ from outbox.store import TopicSettings
 __all__ = ["THREADS", "Handler", "HandlerKind", "Route", "Router", "Threads", "as_async"]
 
 log = logging.getLogger("outbox.routing")
-
-Handler = Callable[[Message], Awaitable[None]] | Callable[[Message], None]
-"""Delivers one message: ``async def`` or plain ``def``. Raising makes the relay
-retry it; Permanent buries it."""
-
-HandlerKind = Callable[[Mapping[str, Any]], Handler]
-"""A generic handler (``log``, ``webhook``): builds one from a topic's registry config;
-raises ValueError for a config it cannot use."""
-
-AsyncHandler = Callable[[Message], Awaitable[None]]
 
 THREADS = 16
 """Most synchronous handlers running at once in one relay."""

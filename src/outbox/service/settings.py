@@ -22,14 +22,8 @@ from outbox.durations import format_duration
 from outbox.errors import ConfigError
 from outbox.handlers.settings import NatsSettings, SmtpSettings, WebhookSettings, lower
 from outbox.message import validate_topic
-from outbox.relay.config import (
-    ENV_PREFIX,
-    Duration,
-    RelayConfig,
-    RelaySettings,
-    config_error,
-    load,
-)
+from outbox.relay.config import RelayConfig, RelaySettings
+from outbox.settings import ENV_PREFIX, Duration, config_error, load
 
 __all__ = [
     "ENV_PREFIX",

@@ -23,11 +23,12 @@ import aiosmtplib
 from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
+from outbox.clock import Clock, system_clock
 from outbox.errors import Dropped, Permanent, Unavailable
+from outbox.handler import Handler
 from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 from outbox.handlers.settings import SmtpSettings
 from outbox.message import Message
-from outbox.relay import Clock, Handler, system_clock
 
 __all__ = ["SmtpSender", "compose_email_change", "compose_login_link", "mail_handlers"]
 
