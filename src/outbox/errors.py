@@ -162,7 +162,10 @@ class MigrationRefused(OutboxError):
     """A migration found outbox objects it must not adopt; nothing of it was applied."""
 
 
-def first_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: what a log line or a reason says of ``exc``."""
+def first_line(exc: BaseException, *, typed: bool = True) -> str:
+    """``Type: first line of the message`` (with ``typed`` False, the line alone):
+    what a log line or a reason says of ``exc``; its type when it says nothing."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {text[0]}" if typed else text[0]

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import uuid_utils.compat
 
-from outbox.errors import ConfigError, EncodeError, PayloadMismatch
+from outbox.errors import ConfigError, EncodeError, PayloadMismatch, first_line
 
 __all__ = [
     "MAX_KEY",
@@ -120,7 +120,7 @@ class Message:
                 made: T = model(**data)
                 return made
         except (ValueError, TypeError) as exc:
-            raise PayloadMismatch(self.topic, model.__name__, _first_line(exc)) from exc
+            raise PayloadMismatch(self.topic, model.__name__, first_line(exc, typed=False)) from exc
         raise TypeError(f"outbox: decode takes a pydantic model or a dataclass, not {model!r}")
 
 
@@ -263,11 +263,6 @@ def _check(value: Any) -> None:
     elif isinstance(value, list):
         for v in value:
             _check(v)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _encode_default(value: object) -> Any:

@@ -26,7 +26,7 @@ from outbox.controller.reconcile import (
     source_of,
     unavailable,
 )
-from outbox.errors import StoreUnavailable
+from outbox.errors import StoreUnavailable, first_line
 from outbox.handler import HandlerKind
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail.topics import TOPICS
@@ -121,7 +121,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
                 every = dt.timedelta(seconds=config.status_interval)
                 status.update(await backlog(store(), status["topic"], config.clock(), every))
         except (StoreUnavailable, psycopg.Error) as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = first_line(exc, typed=False)
             outcome = unavailable(reason.removeprefix("outbox: "), now, previous)
             status = dict(outcome.status)
         for key, value in status.items():

@@ -18,7 +18,7 @@ import psycopg
 import psycopg_pool
 
 from outbox.durations import format_duration
-from outbox.errors import NotFound, StoreUnavailable
+from outbox.errors import NotFound, StoreUnavailable, first_line
 from outbox.message import Message
 from outbox.postgres.claims import BY_TOPIC, claim_params
 from outbox.postgres.connection import keepalives
@@ -121,9 +121,13 @@ class PostgresStore(OperatorQueries):
             with anyio.move_on_after(2):
                 with suppress(psycopg.Error):
                     await self.pool.check()
-            raise StoreUnavailable(f"outbox: database unavailable: {_first_line(exc)}") from exc
+            raise StoreUnavailable(
+                f"outbox: database unavailable: {first_line(exc, typed=False)}"
+            ) from exc
         except psycopg_pool.PoolTimeout as exc:
-            raise StoreUnavailable(f"outbox: database unavailable: {_first_line(exc)}") from exc
+            raise StoreUnavailable(
+                f"outbox: database unavailable: {first_line(exc, typed=False)}"
+            ) from exc
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -410,8 +414,3 @@ def _target(message: Message | uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None]:
     if isinstance(message, Message):
         return message.id, message.lease
     return message, None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from outbox.durations import format_duration
-from outbox.errors import ConfigError, OutboxError
+from outbox.errors import ConfigError, OutboxError, first_line
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.postgres.connection import connect
@@ -135,7 +135,7 @@ async def _check_reachable(url: str) -> None:
     try:
         conn = await connect(url, connect_timeout=_CONNECT_TIMEOUT)
     except psycopg.Error as exc:
-        reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+        reason = redact(first_line(exc, typed=False))
         raise StartupError(f"OUTBOX_DATABASE_URL: cannot connect: {reason}") from None
     await conn.close()
 

@@ -24,7 +24,7 @@ from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
 from outbox.clock import Clock, system_clock
-from outbox.errors import Dropped, Permanent, Unavailable
+from outbox.errors import Dropped, Permanent, Unavailable, first_line
 from outbox.handler import Handler
 from outbox.handlers.mail.topics import EMAIL_CHANGE, LOGIN_LINK, EmailChange, LoginLink
 from outbox.handlers.settings import SmtpSettings
@@ -155,8 +155,7 @@ class SmtpSender:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, aiosmtplib.SMTPResponseException):
         return f"{exc.code} {exc.message}"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return first_line(exc)
 
 
 def _email(

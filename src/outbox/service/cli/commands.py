@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import psycopg
 from pydantic import ValidationError
 
-from outbox.errors import ConfigError, NotFound, OutboxError
+from outbox.errors import ConfigError, NotFound, OutboxError, first_line
 from outbox.service import logs
 from outbox.service.cli import buried, controller, env, keys, migrate, relay, relays, topics
 from outbox.service.cli.common import Parser
@@ -42,8 +42,7 @@ def _database_error(exc: psycopg.Error) -> str:
         return (
             "OUTBOX_DATABASE_URL: the outbox schema is missing or out of date: run `outbox migrate`"
         )
-    first = str(exc).strip().splitlines()
-    return "database error: " + logs.redact(first[0] if first else type(exc).__name__)
+    return "database error: " + logs.redact(first_line(exc, typed=False))
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from outbox.errors import ConfigError
+from outbox.errors import ConfigError, first_line
 from outbox.handlers import log_handler
 from outbox.message import validate_topic
 from outbox.relay import Handler
@@ -101,13 +101,13 @@ def _import_handlers(spec: str) -> Mapping[str, Handler]:
     try:
         found: Any = getattr(importlib.import_module(module_name), attribute)
     except Exception as exc:  # the module itself may raise anything while importing
-        raise ConfigError("OUTBOX_HANDLERS", f"cannot load {spec}: {_said(exc)}") from None
+        raise ConfigError("OUTBOX_HANDLERS", f"cannot load {spec}: {first_line(exc)}") from None
     if callable(found) and not isinstance(found, Mapping):
         try:
             found = found()
         except Exception as exc:
             raise ConfigError(
-                "OUTBOX_HANDLERS", f"{spec} raised while making the handlers: {_said(exc)}"
+                "OUTBOX_HANDLERS", f"{spec} raised while making the handlers: {first_line(exc)}"
             ) from None
     if not isinstance(found, Mapping) or not all(callable(h) for h in found.values()):
         raise ConfigError("OUTBOX_HANDLERS", f"{spec} is not a mapping of topic to handler")
@@ -118,8 +118,3 @@ def _import_handlers(spec: str) -> Mapping[str, Handler]:
             reason = str(exc).removeprefix("outbox: ")
             raise ConfigError("OUTBOX_HANDLERS", f"{spec} maps a bad topic: {reason}") from None
     return found
-
-
-def _said(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
