@@ -21,11 +21,10 @@ from cloudcoil.models.prometheus_operator import v1 as prom
 
 from outbox import __name__ as package
 from outbox.service.settings import (
-    NatsSettings,
+    KIND_SETTINGS,
     RelaySettings,
     ServiceSettings,
     SmtpSettings,
-    WebhookSettings,
     variables,
 )
 from tests.chart.render import CHART, K8S, documents, plain_manifests, render
@@ -345,9 +344,7 @@ def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     known = {
         name
-        for name, _, _ in variables(
-            ServiceSettings, RelaySettings, SmtpSettings, NatsSettings, WebhookSettings
-        )
+        for name, _, _ in variables(ServiceSettings, RelaySettings, SmtpSettings, *KIND_SETTINGS)
     }
     assert {n for n in env if n.startswith("OUTBOX_")} <= known
     with pytest.raises(helm_python.HelmValuesError):

@@ -19,6 +19,7 @@ from outbox.controller.grants import NO_GRANTS, Grants
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import OutboxError
 from outbox.handler import HandlerKind
+from outbox.handlers import KINDS
 from outbox.handlers.registry import EntryError, check_entry
 from outbox.message import validate_topic
 from outbox.store import Store, TopicSettings
@@ -99,33 +100,28 @@ def _on_buried(spec: Mapping[str, Any]) -> str | None:
     return None if value == "block" else str(value)
 
 
-_KIND_FIELDS = {"webhook": "webhook", "nats": "nats"}
-
-
 def _handler_config(spec: Mapping[str, Any], handler: str | None) -> dict[str, Any]:
-    """The registry config of ``spec``: spec.webhook or spec.nats in the relays' spelling.
+    """The registry config of ``spec``: its kind's field (spec.webhook, spec.nats...)
+    in the relays' spelling (Kind.spec_names).
 
     spec.config (deprecated) is taken as it is, already in that spelling.
     """
-    for kind, field in _KIND_FIELDS.items():
-        if spec.get(field) is not None and handler != kind:
-            raise InvalidSpec(f"spec.{field} goes with handler {kind}, not {handler or 'built-in'}")
+    for other in KINDS:
+        if other.spec_field and spec.get(other.spec_field) is not None and handler != other.name:
+            raise InvalidSpec(
+                f"spec.{other.spec_field} goes with handler {other.name}, "
+                f"not {handler or 'built-in'}"
+            )
     legacy = spec.get("config") or {}
     if not isinstance(legacy, dict):
         raise InvalidSpec("spec.config must be an object")
-    typed = spec.get(_KIND_FIELDS.get(handler or "", ""))
-    if typed is None:
+    kind = next((k for k in KINDS if k.name == handler and k.spec_field), None)
+    typed = None if kind is None or kind.spec_field is None else spec.get(kind.spec_field)
+    if kind is None or typed is None:
         return legacy
     if not isinstance(typed, dict):
-        raise InvalidSpec(f"spec.{handler} must be an object")
-    if handler == "webhook":
-        config: dict[str, Any] = {"url": typed.get("url")}
-        if typed.get("secretEnv"):
-            config["secret_env"] = typed["secretEnv"]
-        if typed.get("headers"):
-            config["headers"] = typed["headers"]
-        return config
-    return {"subject": typed.get("subject")}
+        raise InvalidSpec(f"spec.{kind.spec_field} must be an object")
+    return kind.config_of(typed)
 
 
 class Outcome:

@@ -12,13 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from outbox.clock import Clock, system_clock
-from outbox.handler import Handler, HandlerKind
-from outbox.handlers.jetstream import NatsKind
-from outbox.handlers.settings import NatsSettings, WebhookSettings
-from outbox.handlers.webhook import WebhookKind
+from outbox.handler import BuiltKind, Handler, HandlerKind, Kind
+from outbox.handlers.jetstream import KIND as NATS
+from outbox.handlers.webhook import KIND as WEBHOOK
 from outbox.message import Message
 
-__all__ = ["HandlerKinds", "log_handler"]
+__all__ = ["KINDS", "LOG", "NATS", "WEBHOOK", "HandlerKinds", "LogKind", "log_handler"]
 
 log = logging.getLogger("outbox.handlers.log")
 
@@ -34,32 +33,42 @@ async def log_handler(m: Message) -> None:
     )
 
 
-def _log_kind(config: Mapping[str, Any]) -> Handler:
-    if config:
-        raise ValueError(f"the log handler takes no config, got {sorted(config)}")
-    return log_handler
+class LogKind:
+    """The ``log`` kind: takes no config; its handler writes one line a message."""
+
+    def __call__(self, config: Mapping[str, Any], /) -> Handler:
+        if config:
+            raise ValueError(f"the log handler takes no config, got {sorted(config)}")
+        return log_handler
+
+    async def aclose(self) -> None:
+        return None
+
+
+LOG = Kind(name="log", build=lambda settings, clock: LogKind())
+
+KINDS: tuple[Kind, ...] = (LOG, NATS, WEBHOOK)
+"""Every handler kind an OutboxTopic may name. A new kind is one module that
+declares its Kind, plus its line here (and its CRD field and chart values)."""
 
 
 class HandlerKinds:
-    """The kinds of one relay (or controller), with the connections they share."""
+    """The kinds of one relay (or controller), built from KINDS, with what they share.
 
-    def __init__(
-        self,
-        *,
-        clock: Clock = system_clock,
-        nats: NatsSettings | None = None,
-        webhook: WebhookSettings | None = None,
-    ) -> None:
-        allowed = webhook.prefixes() if webhook else []
-        self.webhook = WebhookKind(clock, allowed)
-        self.nats = NatsKind(nats or NatsSettings.model_validate({}))
-        self.mapping: dict[str, HandlerKind] = {
-            "log": _log_kind,
-            "webhook": self.webhook,
-            "nats": self.nats,
+    ``settings`` are the kinds' loaded settings by kind name (a kind left out
+    gets its defaults); outbox.service.settings.kind_settings() reads them all.
+    """
+
+    def __init__(self, *, clock: Clock = system_clock, **settings: Any) -> None:
+        unknown = set(settings) - {kind.name for kind in KINDS}
+        if unknown:
+            raise TypeError(f"no handler kind named {sorted(unknown)}")
+        self.built: dict[str, BuiltKind] = {
+            kind.name: kind.build(settings.get(kind.name), clock) for kind in KINDS
         }
+        self.mapping: dict[str, HandlerKind] = dict(self.built)
 
     async def aclose(self) -> None:
-        """Close the HTTP session and the NATS connection."""
-        await self.webhook.aclose()
-        await self.nats.aclose()
+        """Close what the kinds share (the HTTP session, the NATS connection)."""
+        for built in self.built.values():
+            await built.aclose()

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from outbox.handler import Handler
+from outbox.clock import Clock
+from outbox.handler import Handler, Kind
 from outbox.handlers.allow import check_subject
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-__all__ = ["NatsConfig", "NatsKind"]
+__all__ = ["KIND", "NatsConfig", "NatsKind"]
 
 
 class NatsConfig(BaseModel):
@@ -101,3 +102,21 @@ class NatsKind:
         if self._client is not None and not self._client.is_closed:
             await self._client.close()
         self._client = self._js = None
+
+
+def _build(settings: NatsSettings | None, clock: Clock) -> NatsKind:
+    return NatsKind(settings or NatsSettings.model_validate({}))
+
+
+KIND = Kind(
+    name="nats",
+    build=_build,
+    settings=NatsSettings,
+    secrets=("password", "token"),
+    config=NatsConfig,
+    spec_field="nats",
+    spec_names={"subject": "subject"},
+    extra="nats",
+    modules=("nats",),
+)
+"""The NATS JetStream kind; without its extra, only the topics that name it are refused."""

@@ -29,13 +29,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outbox.clock import Clock
 from outbox.errors import Permanent, RetryAfter
-from outbox.handler import Handler
+from outbox.handler import Handler, Kind
 from outbox.handlers.allow import UrlPrefix, origin, parse_url
 from outbox.handlers.config import parse_config
+from outbox.handlers.settings import WebhookSettings
 from outbox.message import Message
 from outbox.webhooks import signature_headers
 
-__all__ = ["SECRET_PREFIX", "WebhookConfig", "WebhookKind"]
+__all__ = ["KIND", "SECRET_PREFIX", "WebhookConfig", "WebhookKind"]
 
 SECRET_PREFIX = "OUTBOX_WEBHOOK_SECRET_"
 """The only variables a topic may name as its signing secret."""
@@ -200,3 +201,18 @@ class WebhookKind:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _build(settings: WebhookSettings | None, clock: Clock) -> WebhookKind:
+    return WebhookKind(clock, settings.prefixes() if settings else [])
+
+
+KIND = Kind(
+    name="webhook",
+    build=_build,
+    settings=WebhookSettings,
+    config=WebhookConfig,
+    spec_field="webhook",
+    spec_names={"url": "url", "secretEnv": "secret_env", "headers": "headers"},
+)
+"""The webhook kind (aiohttp comes with the relay)."""

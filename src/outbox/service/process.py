@@ -30,11 +30,9 @@ from outbox.service.embedded import EmbeddedPostgres, NotInstalled
 from outbox.service.http import ProbeServer
 from outbox.service.logs import redact
 from outbox.service.settings import (
-    NatsSettings,
     RelayConfig,
     ServiceSettings,
-    WebhookSettings,
-    load,
+    kind_settings,
 )
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
@@ -193,7 +191,7 @@ async def _serve(
     async with pool:
         listen_url = settings.listen_url.get_secret_value() if settings.listen_url else None
         store = PostgresStore(pool, listen_url=listen_url)
-        kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings))
+        kinds = HandlerKinds(**kind_settings())
         relay = Relay(
             store, handlers, config, kinds=kinds.mapping, backlog=settings.backlog_interval
         )

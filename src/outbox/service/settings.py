@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BeforeValidator,
@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.durations import format_duration
 from outbox.errors import ConfigError
+from outbox.handlers import KINDS
 from outbox.handlers.settings import NatsSettings, SmtpSettings, WebhookSettings, lower
 from outbox.message import validate_topic
 from outbox.relay.config import RelayConfig, RelaySettings
@@ -27,6 +28,7 @@ from outbox.settings import ENV_PREFIX, Duration, config_error, load
 
 __all__ = [
     "ENV_PREFIX",
+    "KIND_SETTINGS",
     "ControllerSettings",
     "Duration",
     "NatsSettings",
@@ -36,6 +38,7 @@ __all__ = [
     "SmtpSettings",
     "WebhookSettings",
     "config_error",
+    "kind_settings",
     "load",
     "variables",
 ]
@@ -133,6 +136,18 @@ class ServiceSettings(BaseSettings):
             except ValueError as exc:
                 raise ConfigError("OUTBOX_LOG_TOPICS", str(exc).removeprefix("outbox: ")) from None
         return topics
+
+
+KIND_SETTINGS: tuple[type[BaseSettings], ...] = tuple(
+    kind.settings for kind in KINDS if kind.settings is not None
+)
+"""Every handler kind's OUTBOX_<KIND>_* settings, in KINDS' order."""
+
+
+def kind_settings() -> dict[str, Any]:
+    """Each handler kind's settings, read from the environment, by kind name (for
+    HandlerKinds); ConfigError names a bad variable."""
+    return {kind.name: load(kind.settings) for kind in KINDS if kind.settings is not None}
 
 
 def variables(*models: type[BaseSettings]) -> list[tuple[str, str, str]]:

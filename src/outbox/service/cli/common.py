@@ -159,7 +159,8 @@ def hide_secrets(settings: ServiceSettings) -> None:
     """Register every secret the settings hold with the log redaction."""
     from psycopg.conninfo import conninfo_to_dict
 
-    from outbox.service.settings import NatsSettings, SmtpSettings
+    from outbox.handlers import KINDS
+    from outbox.service.settings import SmtpSettings
 
     for secret in (settings.database_url, settings.listen_url):
         if secret is None:
@@ -172,7 +173,13 @@ def hide_secrets(settings: ServiceSettings) -> None:
                 logs.hide(str(params["host"]))
         except Exception:  # unparseable: the start-up check says so without quoting it
             logs.hide(*url.split())
-    for model, fields in ((SmtpSettings, ("password",)), (NatsSettings, ("password", "token"))):
+    # The built-in mail topics' SMTP settings, then every handler kind's (its Kind
+    # says which fields are secrets; tests/unit/test_kinds.py keeps that whole).
+    owners: list[tuple[type[Any], tuple[str, ...]]] = [(SmtpSettings, ("password",))]
+    for kind in KINDS:
+        if kind.settings is not None and kind.secrets:
+            owners.append((kind.settings, kind.secrets))
+    for model, fields in owners:
         try:
             loaded = load(model)
         except ConfigError:

@@ -18,11 +18,10 @@ from outbox.service.cli.common import (
 )
 from outbox.service.settings import (
     ControllerSettings,
-    NatsSettings,
     RelayConfig,
     RelaySettings,
     ServiceSettings,
-    WebhookSettings,
+    kind_settings,
     load,
 )
 
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 lease=lease,
                 status_interval=own.status_interval.total_seconds(),
                 grants=grants,
-                kinds=HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings)).mapping,
+                kinds=HandlerKinds(**kind_settings()).mapping,
             )
             async with anyio.create_task_group() as tg:
                 # /metrics for Prometheus: its `up` is what OutboxControllerAbsent reads.

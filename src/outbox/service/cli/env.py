@@ -6,12 +6,11 @@ import argparse
 from typing import Any
 
 from outbox.service.settings import (
+    KIND_SETTINGS,
     ControllerSettings,
-    NatsSettings,
     RelaySettings,
     ServiceSettings,
     SmtpSettings,
-    WebhookSettings,
     variables,
 )
 
@@ -32,8 +31,7 @@ def run(args: argparse.Namespace) -> int:
         ServiceSettings,
         RelaySettings,
         SmtpSettings,
-        NatsSettings,
-        WebhookSettings,
+        *KIND_SETTINGS,
         ControllerSettings,
     )
     if args.markdown:

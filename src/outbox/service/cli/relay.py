@@ -20,12 +20,12 @@ from outbox.service.cli.common import (
     settings_help,
 )
 from outbox.service.settings import (
-    NatsSettings,
+    KIND_SETTINGS,
     RelayConfig,
     RelaySettings,
     ServiceSettings,
     SmtpSettings,
-    WebhookSettings,
+    kind_settings,
     load,
 )
 
@@ -44,9 +44,7 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
             "finish within OUTBOX_TIMEOUT and unfinished messages are handed back.",
             78,
         ),
-        epilog=settings_help(
-            ServiceSettings, RelaySettings, SmtpSettings, NatsSettings, WebhookSettings
-        ),
+        epilog=settings_help(ServiceSettings, RelaySettings, SmtpSettings, *KIND_SETTINGS),
         formatter_class=formatter,
     )
     relay.set_defaults(func=run)
@@ -57,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = service_settings()
     config = RelayConfig.from_env()
-    for kind_settings in (NatsSettings, WebhookSettings):
-        load(kind_settings)  # refused here, before anything starts; the process loads them again
+    kind_settings()  # refused here, before anything starts; the process loads them again
     checks: list[Callable[[], bool]] = []
     handlers = _handlers(settings, checks)
     anyio.run(run_relay, settings, config, handlers, checks)

@@ -24,12 +24,10 @@ from outbox.service.cli.common import (
     with_store,
 )
 from outbox.service.settings import (
-    NatsSettings,
     RelayConfig,
     RelaySettings,
     ServiceSettings,
-    WebhookSettings,
-    load,
+    kind_settings,
 )
 from outbox.store import TopicSettings
 
@@ -102,7 +100,7 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 def _topics_set(args: argparse.Namespace) -> int:
     lease = RelayConfig.from_env().lease
-    kinds = HandlerKinds(nats=load(NatsSettings), webhook=load(WebhookSettings)).mapping
+    kinds = HandlerKinds(**kind_settings()).mapping
     if args.handler is not None and args.handler is not admin.DEFAULT:
         # What the arguments say on their own is checked before any connection.
         alone = TopicSettings(args.topic, handler=args.handler, config=args.config or {})
