@@ -89,7 +89,9 @@ def test_without_a_notification_the_poll_delivers(
 def test_a_failed_notification_does_not_fail_the_committed_transaction(
     db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(producer, "NOTIFY", "SELECT pg_notify_is_not_here(%s, %s)")
+    monkeypatch.setattr(
+        producer, "NOTIFY", "SELECT pg_notify_is_not_here(%(channel)s, %(payload)s)"
+    )
     WAKES.forget()
 
     m = add_through_the_store(db)

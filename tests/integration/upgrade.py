@@ -29,7 +29,7 @@ def earlier_release(conninfo: str, rows: int, upto: int = BEFORE_INDEX_BUILDS) -
         for version, name, sql in migrations():
             if version <= upto:
                 conn.execute(sql.encode())
-                conn.execute(RECORD, (version, name))
+                conn.execute(RECORD, {"version": version, "name": name})
         conn.execute(
             "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
             " SELECT gen_random_uuid(), 'orders.placed', '{}', now(), now()"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from outbox.errors import NotInTransaction
 from outbox.message import Message
 from outbox.postgres.producer import INSERT_KEYED, checked, insert_params, named_to
+from outbox.postgres.queries import QUERIES
 from outbox.wake import CHANNEL, WAKES
 
 __all__ = ["add"]
@@ -45,6 +46,6 @@ def _wake(topics: set[str], using: str) -> None:
 
     def notify(payload: str) -> None:
         with connections[using].cursor() as cursor:  # autocommit again, after the block
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+            cursor.execute(QUERIES["wake_notify"], {"channel": CHANNEL, "payload": payload})
 
     WAKES.send(topics, notify)

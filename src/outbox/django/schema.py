@@ -21,6 +21,7 @@ from django.db import migrations, transaction
 from django.db.utils import OperationalError
 
 from outbox.errors import MigrationBlocked
+from outbox.postgres.queries import QUERIES
 from outbox.postgres.queries import migrations as shipped
 from outbox.postgres.schema import (
     BLOCKERS,
@@ -74,7 +75,7 @@ def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], Non
             _drop_invalid(connection, statement)
             _retrying(connection, what, [statement], None, atomic=False)
         with connection.cursor() as cur:
-            cur.execute(RECORD, [version, name])
+            cur.execute(RECORD, {"version": version, "name": name})
 
     return apply
 
@@ -94,19 +95,21 @@ def _retrying(
         try:
             if atomic:
                 with transaction.atomic(using=connection.alias), connection.cursor() as cur:
-                    cur.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])
+                    cur.execute(QUERIES["schema_lock_timeout"], {"timeout": timeout, "local": True})
                     for sql in sqls:
                         cur.execute(sql)
                     if record is not None:
-                        cur.execute(RECORD, list(record))
+                        cur.execute(RECORD, {"version": record[0], "name": record[1]})
             else:
                 with connection.cursor() as cur:
-                    cur.execute("SELECT set_config('lock_timeout', %s, false)", [timeout])
+                    cur.execute(
+                        QUERIES["schema_lock_timeout"], {"timeout": timeout, "local": False}
+                    )
                     try:
                         for sql in sqls:
                             cur.execute(sql)
                     finally:
-                        cur.execute("RESET lock_timeout")
+                        cur.execute(QUERIES["schema_lock_timeout_reset"])
             return
         except OperationalError as exc:
             cause = exc.__cause__
@@ -126,7 +129,7 @@ def _retrying(
 
 def _blockers(connection: Any) -> str:
     with connection.cursor() as cur:
-        cur.execute(BLOCKERS, [LOCK_KEY])
+        cur.execute(BLOCKERS, {"lock": LOCK_KEY})
         rows = cur.fetchall()
     return ", ".join(f"pid {pid} ({state}, {age}s)" for pid, state, age in rows)
 
@@ -136,7 +139,7 @@ def _drop_invalid(connection: Any, statement: str) -> None:
     if not names:
         return
     with connection.cursor() as cur:
-        cur.execute(INVALID_INDEXES, [names])
+        cur.execute(INVALID_INDEXES, {"names": names})
         for (name,) in cur.fetchall():
             log.warning("dropping the invalid index %s a failed build left behind", name)
             cur.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {connection.ops.quote_name(name)}")

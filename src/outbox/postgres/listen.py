@@ -12,6 +12,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.postgres.connection import connect
+from outbox.postgres.queries import QUERIES
 from outbox.wake import CHANNEL, decode_topics
 
 __all__ = ["PROBE", "listen"]
@@ -97,7 +98,7 @@ async def _heard(
     token = f"{PROBE}{secrets.token_hex(8)}"
     other = await _connect(url, connect_timeout)
     try:
-        await other.execute("SELECT pg_notify(%s, %s)", (CHANNEL, token))
+        await other.execute(QUERIES["wake_notify"], {"channel": CHANNEL, "payload": token})
     finally:
         await _close(other)
     async for note in conn.notifies(timeout=wait):

@@ -48,7 +48,7 @@ INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
 INSERT_KEYED = QUERIES["message_insert_keyed"]
 INSERT_KEYED_ONE = QUERIES["message_insert_keyed_one"]
-NOTIFY: LiteralString = "SELECT pg_notify(%s, %s)"
+NOTIFY = QUERIES["wake_notify"]
 
 _PENDING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 """Topics added through each connection and not yet announced."""
@@ -154,7 +154,7 @@ async def wake(conn: psycopg.AsyncConnection[Any]) -> bool:
 
     async def notify(payload: str) -> None:
         try:
-            await conn.execute(NOTIFY, (CHANNEL, payload))
+            await conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
         finally:
             if not conn.autocommit and _intrans(conn):  # the statement's own transaction
                 await conn.commit()
@@ -174,7 +174,7 @@ def wake_sync(conn: psycopg.Connection[Any]) -> bool:
 
     def notify(payload: str) -> None:
         try:
-            conn.execute(NOTIFY, (CHANNEL, payload))
+            conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
         finally:
             if not conn.autocommit and _intrans(conn):  # the statement's own transaction
                 conn.commit()

@@ -21,7 +21,7 @@ import logging
 import re
 import secrets
 import time
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -29,7 +29,7 @@ from psycopg import sql as pgsql
 
 from outbox.errors import MigrationBlocked, MigrationRefused
 from outbox.postgres.connection import connect
-from outbox.postgres.queries import migrations
+from outbox.postgres.queries import QUERIES, migrations
 
 __all__ = [
     "BLOCKERS",
@@ -60,57 +60,12 @@ _NO_TRANSACTION = "-- outbox: no transaction"
 _COMMENT_LINE = re.compile(r"^\s*--.*$", re.MULTILINE)
 
 
-BOOKKEEPING: LiteralString = """
-CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-RECORD: LiteralString = (
-    "INSERT INTO outbox_schema_migrations (version, name) VALUES (%s, %s) "
-    "ON CONFLICT (version) DO NOTHING"
-)
-# Sessions holding or waiting for locks on the outbox's tables, or the
-# migration lock, other than this one: who a timed-out statement waited for.
-BLOCKERS: LiteralString = r"""
-SELECT DISTINCT a.pid, coalesce(a.state, '?'),
-       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::int
-FROM pg_locks AS l
-JOIN pg_stat_activity AS a ON a.pid = l.pid
-LEFT JOIN pg_class AS c ON c.oid = l.relation
-WHERE l.pid <> pg_backend_pid() AND l.granted
-  AND (c.relname LIKE 'outbox\_%%' OR (l.locktype = 'advisory'
-       AND ((l.classid::bigint << 32) | l.objid::bigint) = %s::bigint))
-ORDER BY 1
-LIMIT 5
-"""
-# Whether this session holds the migration lock (it does, unless a pooler
-# ran the statement that took it in another session).
-_HELD: LiteralString = """
-SELECT EXISTS (
-    SELECT 1 FROM pg_locks
-    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
-      AND ((classid::bigint << 32) | objid::bigint) = %s::bigint
-)
-"""
-# Outbox objects of the migration's schema that the migrating role does not own.
-_FOREIGN: LiteralString = """
-SELECT c.relname, pg_get_userbyid(c.relowner)
-FROM pg_class AS c
-WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
-  AND c.relname LIKE 'outbox\\_%%' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
-  AND NOT pg_has_role(current_user, c.relowner, 'USAGE')
-ORDER BY 1
-"""
-# A concurrent index build that failed leaves an INVALID index behind, which
-# CREATE INDEX ... IF NOT EXISTS would then keep: drop those first.
-INVALID_INDEXES: LiteralString = """
-SELECT c.relname
-FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-WHERE NOT i.indisvalid AND c.relname = ANY(%s)
-  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
-"""
+BOOKKEEPING = QUERIES["schema_bookkeeping"]
+RECORD = QUERIES["schema_record"]
+"""Records one applied migration: parameters version and name."""
+BLOCKERS = QUERIES["schema_blockers"]
+"""Who holds the locks a migration waits for: parameter lock (LOCK_KEY)."""
+INVALID_INDEXES = QUERIES["schema_invalid_indexes"]
 _INDEX_NAME = re.compile(r"INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 
 
@@ -135,15 +90,16 @@ async def migrate(
     applied: list[int] = []
     async with await connect(conninfo, autocommit=True) as conn:
         await conn.execute(
-            "SELECT set_config('lock_timeout', %s, false)", (f"{int(lock_timeout * 1000)}ms",)
+            QUERIES["schema_lock_timeout"],
+            {"timeout": f"{int(lock_timeout * 1000)}ms", "local": False},
         )
         await _lock(conn, wait)
         try:
             # A role without DDL rights may run migrate when nothing is left to do.
-            cur = await conn.execute("SELECT to_regclass('outbox_schema_migrations') IS NULL")
+            cur = await conn.execute(QUERIES["schema_missing"])
             if (await cur.fetchone() or (True,))[0]:
                 await _retrying(conn, "outbox_schema_migrations", wait, [BOOKKEEPING], None)
-            cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
+            cur = await conn.execute(QUERIES["schema_applied"])
             done = {row[0] for row in await cur.fetchall()}
             for version, name, sql in migrations():
                 if version in done:
@@ -157,11 +113,11 @@ async def migrate(
                         await _drop_invalid(conn, statement)
                         await _retrying(conn, what, wait, [statement], None)
                     await _owned(conn, what)
-                    await conn.execute(RECORD, record)
+                    await conn.execute(RECORD, {"version": record[0], "name": record[1]})
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
         finally:
-            cur = await conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+            cur = await conn.execute(QUERIES["schema_unlock"], {"lock": LOCK_KEY})
             row = await cur.fetchone()
             if not row or not row[0]:
                 log.error("the migration lock was not held at the end: %s", _POOLED)
@@ -184,8 +140,8 @@ async def _session(conn: psycopg.AsyncConnection[Any]) -> None:
     """
     token = secrets.token_hex(8)
     for _ in range(3):
-        await conn.execute("SELECT set_config('outbox.session', %s, false)", (token,))
-        cur = await conn.execute("SELECT current_setting('outbox.session', true)")
+        await conn.execute(QUERIES["schema_session_mark"], {"token": token})
+        cur = await conn.execute(QUERIES["schema_session_read"])
         row = await cur.fetchone()
         if not row or row[0] != token:
             raise MigrationRefused(_POOLED)
@@ -197,10 +153,10 @@ async def _lock(conn: psycopg.AsyncConnection[Any], wait: float) -> None:
     started = time.monotonic()
     told = False
     while True:
-        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
+        cur = await conn.execute(QUERIES["schema_lock_try"], {"lock": LOCK_KEY})
         row = await cur.fetchone()
         if row and row[0]:
-            cur = await conn.execute(_HELD, (LOCK_KEY,))
+            cur = await conn.execute(QUERIES["schema_lock_held"], {"lock": LOCK_KEY})
             held = await cur.fetchone()
             if not held or not held[0]:
                 raise MigrationRefused(_POOLED)
@@ -233,7 +189,7 @@ async def _retrying(
                     await conn.execute(sql.encode())
                 if record is not None:
                     await _owned(conn, what)
-                    await conn.execute(RECORD, record)
+                    await conn.execute(RECORD, {"version": record[0], "name": record[1]})
             return
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - started
@@ -259,7 +215,7 @@ async def _owned(conn: psycopg.AsyncConnection[Any], what: str) -> None:
     """Refuse outbox objects the migrating role does not own (inside the migration's
     transaction, so nothing of it is recorded): ``IF NOT EXISTS`` would otherwise
     adopt a table someone else created first, triggers and all."""
-    cur = await conn.execute(_FOREIGN)
+    cur = await conn.execute(QUERIES["schema_foreign"])
     foreign = await cur.fetchall()
     if foreign:
         names = ", ".join(f"{name} (owned by {owner})" for name, owner in foreign)
@@ -270,7 +226,7 @@ async def _owned(conn: psycopg.AsyncConnection[Any], what: str) -> None:
 
 
 async def _blockers(conn: psycopg.AsyncConnection[Any]) -> str:
-    cur = await conn.execute(BLOCKERS, (LOCK_KEY,))
+    cur = await conn.execute(BLOCKERS, {"lock": LOCK_KEY})
     rows = await cur.fetchall()
     return ", ".join(f"pid {pid} ({state}, {age}s)" for pid, state, age in rows)
 
@@ -286,7 +242,7 @@ async def _drop_invalid(conn: psycopg.AsyncConnection[Any], statement: str) -> N
     names = index_names(statement)
     if not names:
         return
-    cur = await conn.execute(INVALID_INDEXES, (names,))
+    cur = await conn.execute(INVALID_INDEXES, {"names": names})
     for (name,) in await cur.fetchall():
         log.warning("dropping the invalid index %s a failed build left behind", name)
         drop = pgsql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(pgsql.Identifier(name))
@@ -295,11 +251,11 @@ async def _drop_invalid(conn: psycopg.AsyncConnection[Any], statement: str) -> N
 
 async def pending(conn: psycopg.AsyncConnection[Any]) -> list[int]:
     """The shipped migrations that ``conn``'s database has not applied yet."""
-    cur = await conn.execute("SELECT to_regclass('outbox_schema_migrations') IS NOT NULL")
+    cur = await conn.execute(QUERIES["schema_missing"])
     row = await cur.fetchone()
     done: set[int] = set()
-    if row and row[0]:
-        cur = await conn.execute("SELECT version FROM outbox_schema_migrations")
+    if row and not row[0]:
+        cur = await conn.execute(QUERIES["schema_applied"])
         done = {r[0] for r in await cur.fetchall()}
     return [version for version, _, _ in migrations() if version not in done]
 
@@ -317,7 +273,7 @@ def migrations_sql() -> str:
     parts = [
         "-- The outbox schema, every migration in order. Idempotent: safe to apply twice.\n"
         "SET lock_timeout = '5s';\n",
-        BOOKKEEPING.strip() + ";\n",
+        BOOKKEEPING + "\n",
     ]
     for version, name, sql in migrations():
         record = (

@@ -24,6 +24,7 @@ from outbox.errors import ConfigError, OutboxError, first_line
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, connect_pool, migrate, pending
 from outbox.postgres.connection import connect
+from outbox.postgres.queries import QUERIES
 from outbox.relay import Handler, Relay
 from outbox.relay.config import STORE_WAIT
 from outbox.service.embedded import EmbeddedPostgres, NotInstalled
@@ -102,7 +103,7 @@ async def database(
 
 async def _check_schema(url: str, schema: str) -> None:
     async with await connect(url, connect_timeout=_CONNECT_TIMEOUT) as c:
-        cur = await c.execute("SELECT current_schema()")
+        cur = await c.execute(QUERIES["schema_current"])
         row = await cur.fetchone()
     if not row or row[0] != schema:
         raise ConfigError(
@@ -205,7 +206,7 @@ async def _serve(
             with anyio.move_on_after(2):
                 try:
                     async with pool.connection(timeout=2) as conn:
-                        await conn.execute("SELECT 1")
+                        await conn.execute(QUERIES["store_ping"])
                     return True
                 except Exception:
                     return False

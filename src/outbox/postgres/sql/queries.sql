@@ -813,3 +813,99 @@ done AS (
     RETURNING m.topic
 )
 SELECT topic, count(*) FROM done GROUP BY topic;
+
+-- wake_notify --
+-- Wake the relays LISTENing on %(channel)s (outbox.wake): sent in the
+-- producer's transaction, delivered at its commit; a listener's own probe too.
+SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- store_ping --
+-- Readiness: the pool hands out a connection that answers.
+SELECT 1;
+
+-- schema_current --
+-- The schema unqualified names resolve to (OUTBOX_DATABASE_SCHEMA's check).
+SELECT current_schema();
+
+-- schema_bookkeeping --
+-- Which shipped migrations a database has applied (`outbox migrate`, the
+-- relays' start-up check and the Django migrations all fill and read it).
+CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- schema_record --
+-- Record one applied migration (in its own transaction where it has one).
+INSERT INTO outbox_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+ON CONFLICT (version) DO NOTHING;
+
+-- schema_missing --
+SELECT to_regclass('outbox_schema_migrations') IS NULL;
+
+-- schema_applied --
+SELECT version FROM outbox_schema_migrations;
+
+-- schema_lock_timeout --
+-- How long each statement of a migration waits for a lock (%(local)s: until
+-- the transaction ends, else for the session).
+SELECT set_config('lock_timeout', %(timeout)s, %(local)s);
+
+-- schema_lock_timeout_reset --
+RESET lock_timeout;
+
+-- schema_session_mark --
+-- Mark this server session, to tell whether the next statement runs in it
+-- (behind a transaction pooler it may not).
+SELECT set_config('outbox.session', %(token)s, false);
+
+-- schema_session_read --
+SELECT current_setting('outbox.session', true);
+
+-- schema_lock_try --
+-- The migration lock: a session-level advisory lock on %(lock)s.
+SELECT pg_try_advisory_lock(%(lock)s);
+
+-- schema_unlock --
+SELECT pg_advisory_unlock(%(lock)s);
+
+-- schema_lock_held --
+-- Whether this session holds the migration lock (it does, unless a pooler ran
+-- the statement that took it in another session).
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+      AND ((classid::bigint << 32) | objid::bigint) = %(lock)s::bigint
+);
+
+-- schema_blockers --
+-- Sessions holding or waiting for locks on the outbox's tables, or the
+-- migration lock, other than this one: who a timed-out statement waited for.
+SELECT DISTINCT a.pid, coalesce(a.state, '?'),
+       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start))::int
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+LEFT JOIN pg_class AS c ON c.oid = l.relation
+WHERE l.pid <> pg_backend_pid() AND l.granted
+  AND (c.relname LIKE 'outbox\_%%' OR (l.locktype = 'advisory'
+       AND ((l.classid::bigint << 32) | l.objid::bigint) = %(lock)s::bigint))
+ORDER BY 1
+LIMIT 5;
+
+-- schema_foreign --
+-- Outbox objects of the migration's schema that the migrating role does not own.
+SELECT c.relname, pg_get_userbyid(c.relowner)
+FROM pg_class AS c
+WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+  AND c.relname LIKE 'outbox\_%%' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+  AND NOT pg_has_role(current_user, c.relowner, 'USAGE')
+ORDER BY 1;
+
+-- schema_invalid_indexes --
+-- A concurrent index build that failed leaves an INVALID index behind, which
+-- CREATE INDEX ... IF NOT EXISTS would then keep: drop those first.
+SELECT c.relname
+FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE NOT i.indisvalid AND c.relname = ANY(%(names)s)
+  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema());
