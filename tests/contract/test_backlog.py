@@ -10,8 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, Store, new_message
 from outbox.relay.backlog import Backlog
-
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+from tests.clock import T0
 
 
 async def test_gauges_count_pending_buried_and_oldest_age(store: Store[Any]) -> None:

@@ -7,8 +7,8 @@ import uuid
 from typing import Any
 
 from outbox import Message, Store, new_message
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(minutes=2)
 H = dt.timedelta(hours=1)
 

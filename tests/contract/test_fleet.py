@@ -28,8 +28,8 @@ from outbox import (
 )
 from outbox.handlers import HandlerKinds
 from outbox.store import RelayInfo, TopicSettings
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 TTL = dt.timedelta(seconds=30)
 GRACE = dt.timedelta(minutes=10)
 

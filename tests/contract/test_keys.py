@@ -9,8 +9,8 @@ import pytest
 
 from outbox import Message, Store, new_message
 from outbox.store import TopicSettings
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(minutes=1)
 TOPIC = "orders.events"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -24,8 +23,7 @@ from outbox import (
     new_message,
 )
 from outbox.store import TopicSettings
-
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+from tests.clock import T0
 
 
 class Crash(BaseException):

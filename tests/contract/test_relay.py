@@ -23,8 +23,7 @@ from outbox import (
     backoff,
     new_message,
 )
-
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+from tests.clock import T0
 
 
 class Fixture:

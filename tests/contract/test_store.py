@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from outbox import Message, NotFound, Store, new_message
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(minutes=2)
 MS = dt.timedelta(milliseconds=1)
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from outbox import Message, NotFound, Relay, RelayConfig, Store, backoff, new_message
 from outbox.handlers import HandlerKinds
 from outbox.store import TopicSettings
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 SECOND = dt.timedelta(seconds=1)
 
 

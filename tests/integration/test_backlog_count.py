@@ -11,8 +11,8 @@ import pytest
 from outbox import new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.operator import BACKLOG_LOCK_KEY as _BACKLOG_LOCK_KEY
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
 NOW = dt.timedelta(0)
 

@@ -21,8 +21,8 @@ from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.connection import KEEPALIVES, connect
 from outbox.postgres.queries import QUERIES, migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
+from tests.clock import T0
 
-T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 LEASE = dt.timedelta(minutes=2)
 
 
