@@ -51,7 +51,7 @@ def render(
 
 def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
     """Every manifest in ``rendered`` (NOTES.txt aside), parsed."""
-    docs = []
+    docs: list[dict[str, Any]] = []
     for file, text in sorted(rendered.items()):
         if file.endswith(".yaml"):
             docs.extend(d for d in yaml.safe_load_all(text) if d)

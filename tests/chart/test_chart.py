@@ -70,7 +70,7 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(workload name, pod spec, container) for every container of the release's own pods."""
-    found = []
+    found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for d in docs:
         if d["kind"] in ("Deployment", "Job") and "dev-" not in d["metadata"]["name"]:
             pod = d["spec"]["template"]["spec"]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from outbox import Message, Store
-from tests.contract.test_store import LEASE, T0, add, msg
+from tests.clock import T0
+from tests.contract.test_store import LEASE, add, msg
 
 SECOND = dt.timedelta(seconds=1)
 

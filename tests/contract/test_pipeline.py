@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -234,7 +236,7 @@ async def test_a_crashing_message_is_found_alone_and_its_batch_mates_are_spared(
             store,
             {"mail.x": handle},
             RelayConfig.model_validate({"batch": 20, "max_attempts": 3}),
-            clock=lambda at=now: at,
+            clock=functools.partial(_at, now),
             registry=CollectorRegistry(),
         )
         try:
@@ -260,7 +262,7 @@ async def test_outcomes_survive_a_store_that_is_briefly_unavailable(store: Store
         if m.json()["i"] == 0:
             raise Permanent("550 no such mailbox")
 
-    bench = Bench(flaky, {"mail.x": handle})  # type: ignore[arg-type]
+    bench = Bench(flaky, {"mail.x": handle})
     msgs = await bench.add("mail.x", 5)
 
     assert await bench.relay.drain() == 5
@@ -419,3 +421,8 @@ async def test_lease_lost_is_logged_without_the_payload(
     assert bench.metric("outbox_lease_lost_total", "mail.x") == 1
     assert f"lease lost: message={m.id} topic=mail.x" in caplog.text
     assert "493817" not in caplog.text
+
+
+def _at(instant: dt.datetime) -> dt.datetime:
+    """A clock stopped at ``instant``."""
+    return instant

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -211,7 +212,7 @@ async def test_bury_without_time_uses_wall_clock(store: Store[Any]) -> None:
 @pytest.mark.parametrize("operation", ["ack", "retry", "bury", "get"])
 async def test_operations_on_missing_id_raise_not_found(store: Store[Any], operation: str) -> None:
     missing = uuid.uuid4()
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
         "ack": lambda: store.ack(missing),
         "retry": lambda: store.retry(missing, T0, "x"),
         "bury": lambda: store.bury(missing, "x"),

@@ -188,7 +188,9 @@ async def test_timeout_at_or_above_the_lease_is_ignored(f: Fixture) -> None:
 
     await f.next_poll()
 
-    assert f.relay.router.route("mail.login_link").timeout == f.relay.config.timeout
+    route = f.relay.router.route("mail.login_link")
+    assert route is not None
+    assert route.timeout == f.relay.config.timeout
 
 
 async def test_the_oldest_resource_governs_a_topic_whatever_the_order(store: Store[Any]) -> None:

@@ -140,7 +140,6 @@ async def operator(
             seen.append(name)
 
     settings = operator_settings(events=True)
-    settings.peering.interval = 1
     settings.peering.lifetime = 5
     stop, ready = threading.Event(), threading.Event()
 

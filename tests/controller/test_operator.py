@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -92,7 +93,7 @@ async def test_invalid_specs_are_refused_with_a_condition(cluster: Cluster) -> N
         ("odd", "'carrier-pigeon' is unknown"),
     ):
         await eventually(
-            f"{name} Invalid", lambda n=name: cluster.condition(n, "Invalid") is not None
+            f"{name} Invalid", functools.partial(_has_condition, cluster, name, "Invalid")
         )
         assert words in (cluster.condition(name, "Invalid") or {})["message"]
     assert await cluster.store.topics() == {}
@@ -108,7 +109,7 @@ async def test_status_shows_the_backlog(cluster: Cluster) -> None:
 
     def counted() -> bool:
         status = cluster.obj("orders").get("status", {})
-        return status.get("pending") == 2 and status.get("oldestPendingSeconds", 0) >= 180
+        return bool(status.get("pending") == 2 and status.get("oldestPendingSeconds", 0) >= 180)
 
     await eventually("the backlog in status", counted)
     assert cluster.obj("orders")["status"]["buried"] == 0
@@ -128,7 +129,7 @@ async def test_status_shows_the_blocked_keys_the_relays_measured(cluster: Cluste
     async def shown() -> bool:
         # A relay's measurement, kept for the fleet, as its backlog gauges take it.
         await store.topic_stats(max_age=dt.timedelta(milliseconds=1))
-        return cluster.obj("orders").get("status", {}).get("blockedKeys") == 1
+        return bool(cluster.obj("orders").get("status", {}).get("blockedKeys") == 1)
 
     await eventually("blockedKeys in status", shown)
     assert cluster.obj("orders")["status"]["buried"] == 1
@@ -151,7 +152,7 @@ async def test_status_counts_the_live_relays_that_serve_the_topic(cluster: Clust
         await relay.housekeep(force=True)  # reads the registry, then registers
 
     def served_by_two() -> bool:
-        return cluster.obj("orders").get("status", {}).get("relays") == 2
+        return bool(cluster.obj("orders").get("status", {}).get("relays") == 2)
 
     await eventually("two relays in status", served_by_two)
     await relays[0].fleet.leave()
@@ -310,10 +311,14 @@ async def test_webhook_without_a_url_is_invalid(cluster: Cluster) -> None:
 
     for name, words in (("hook", "url"), ("legacy", "url"), ("mixed", "spec.nats goes with")):
         await eventually(
-            f"{name} Invalid", lambda n=name: cluster.condition(n, "Invalid") is not None
+            f"{name} Invalid", functools.partial(_has_condition, cluster, name, "Invalid")
         )
         assert words in (cluster.condition(name, "Invalid") or {})["message"]
 
 
 async def _count(cluster: Cluster, n: int) -> bool:
     return len(await cluster.store.topics()) == n
+
+
+def _has_condition(cluster: Cluster, name: str, condition: str) -> bool:
+    return cluster.condition(name, condition) is not None

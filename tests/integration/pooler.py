@@ -44,7 +44,7 @@ def pgbouncer(postgres_url: str, *, pool_mode: str = "transaction") -> Iterator[
     if os.geteuid() == 0:  # PgBouncer refuses to run as root
         # As the server's own user where it listens on a socket directory
         # (the embedded server's is private to it), else as postgres.
-        host = target.get("host") or ""
+        host = str(target.get("host") or "")
         owner = Path(host).owner() if host.startswith("/") else "postgres"
         for path in (folder, *folder.iterdir()):
             shutil.chown(path, owner)

@@ -39,10 +39,15 @@ def outbox_env(**settings: str) -> dict[str, str]:
     return env
 
 
-def run_outbox(
-    *args: str, timeout: float = 60, **settings: str
+def run_outbox(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run ``outbox ARGS`` to completion (within a minute)."""
+    return run_outbox_within(60, *args, **settings)
+
+
+def run_outbox_within(
+    timeout: float, /, *args: str, **settings: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``outbox ARGS`` to completion."""
+    """Run ``outbox ARGS`` to completion within ``timeout`` seconds."""
     return subprocess.run(
         [sys.executable, "-m", "outbox.service.cli", *args],
         env=outbox_env(**settings),
@@ -65,7 +70,7 @@ def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30) ->
 class RelayProcess:
     """``outbox relay`` in a subprocess, its logs in a file, its HTTP port known."""
 
-    def __init__(self, log_dir: Path, *, command: list[str] | None = None, **settings: str) -> None:
+    def __init__(self, log_dir: Path, command: list[str] | None = None, /, **settings: str) -> None:
         self.port = free_port()
         self.log_path = log_dir / f"relay-{self.port}.log"
         env = outbox_env(

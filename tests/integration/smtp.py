@@ -19,6 +19,13 @@ from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 USER, PASSWORD = "relay", "smtp-pa55word"
 
 
+def body(mail: EmailMessage, subtype: str = "plain") -> str:
+    """The ``text/<subtype>`` part of ``mail``, decoded."""
+    part = mail.get_body((subtype,))
+    assert part is not None, f"no text/{subtype} part"
+    return str(part.get_content())
+
+
 class Inbox:
     """Records what the server accepted.
 

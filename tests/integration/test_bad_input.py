@@ -25,7 +25,7 @@ from outbox import Message, NotInTransaction, new_message
 from outbox.postgres import PostgresStore, add_sync, connect_pool, migrate
 from outbox.store import TopicSettings
 from tests.conftest import fresh_schema
-from tests.integration.process import run_outbox
+from tests.integration.process import run_outbox, run_outbox_within
 
 pytestmark = pytest.mark.postgres_only
 
@@ -304,7 +304,7 @@ def test_the_command_line_says_what_is_wrong_in_one_line(
 ) -> None:
     before = snapshot(seeded)
 
-    result = run_outbox(*args, timeout=30, OUTBOX_DATABASE_URL=seeded, **env)
+    result = run_outbox_within(30, *args, OUTBOX_DATABASE_URL=seeded, **env)
 
     assert (result.returncode, result.stdout) == (code, ""), result.stderr
     lines = result.stderr.strip().splitlines()

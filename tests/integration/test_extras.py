@@ -136,7 +136,7 @@ def test_relay_alone_runs_a_relay_and_every_operator_command(
     [line] = refused.stderr.strip().splitlines()
     assert "outbox-relay[nats]" in line, line
 
-    relay = RelayProcess(tmp_path, command=[str(venv / "bin" / "outbox"), "relay"],
+    relay = RelayProcess(tmp_path, [str(venv / "bin" / "outbox"), "relay"],
                          OUTBOX_LOG_TOPICS="orders.placed", **db)  # fmt: skip
     try:
         relay.wait_ready()

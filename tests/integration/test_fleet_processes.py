@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -25,8 +26,8 @@ def start(
     relays: list[RelayProcess],
     tmp_path: Path,
     db: str,
-    *,
     recording_handler: bool = True,
+    /,
     **settings: str,
 ) -> RelayProcess:
     env = {"OUTBOX_DATABASE_URL": db, "OUTBOX_INTERVAL": "100ms", **settings}
@@ -70,7 +71,7 @@ def test_relays_killed_again_and_again_lose_nothing_and_repeat_only_their_slots(
     killed: set[int] = set()
 
     for after in (300, 800, 1400, 2000):
-        wait_until(f"{after} deliveries", lambda n=after: len(delivered(db)) >= n, timeout=60)
+        wait_until(f"{after} deliveries", functools.partial(_delivered, db, after), timeout=60)
         victim = live.pop(0)
         victim.signal(signal.SIGKILL)
         victim.wait(10)
@@ -81,13 +82,14 @@ def test_relays_killed_again_and_again_lose_nothing_and_repeat_only_their_slots(
     seen = delivered(db)
     assert set(seen) == set(ids), "a message was lost"
     repeated = {i for i, n in seen.items() if n > 1}
-    first_by = dict(
-        query(
+    first_by = {
+        message_id: pid
+        for message_id, pid in query(
             db,
             "SELECT DISTINCT ON (message_id) message_id, pid FROM deliveries"
             " ORDER BY message_id, seq",
         )
-    )
+    }
     uncrashed = {i for i in repeated if first_by[i] not in killed}
     assert not uncrashed, f"repeated without a crash: {sorted(map(str, uncrashed))}"
     assert len(repeated) <= len(killed) * 20, "more repeats than the killed relays had slots"
@@ -170,7 +172,7 @@ def test_a_rolling_deploy_buries_nothing(
     db: str, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
     ids = add_messages(db, recording.TOPIC, 50)
-    old = start(relays, tmp_path, db, recording_handler=False, OUTBOX_LOG_TOPICS="orders.placed")
+    old = start(relays, tmp_path, db, False, OUTBOX_LOG_TOPICS="orders.placed")
     old.wait_ready()
     # Its first sweep notes the topic nobody serves; it polls every 100ms meanwhile.
     wait_until("the unserved topic to be noted", lambda: _noted(db), timeout=10)
@@ -240,3 +242,8 @@ def test_after_a_kill_the_orphans_go_before_what_was_added_after_them(
     # Claimed again once their lease ended, ahead of the backlog added after them
     # (before, they waited until all 1,000 had gone).
     assert max(position[i] for i in early) < len(later) // 2
+
+
+def _delivered(db: str, n: int) -> bool:
+    """At least ``n`` deliveries are recorded."""
+    return len(delivered(db)) >= n

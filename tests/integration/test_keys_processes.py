@@ -4,6 +4,7 @@ killed with -9 while a keyed backlog drains and handlers fail now and then."""
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import json
 import re
@@ -65,7 +66,7 @@ def test_three_relays_killed_mid_backlog_start_no_message_before_an_earlier_one_
         relay.wait_ready()
     total = _add_keyed(db, KEYS, PER_KEY)
     for after in (200, 600, 1000):
-        wait_until(f"{after} starts", lambda n=after: len(starts(record)) >= n, timeout=90)
+        wait_until(f"{after} starts", functools.partial(_started, record, after), timeout=90)
         victim = live.pop(0)
         victim.signal(signal.SIGKILL)
         victim.wait(10)
@@ -278,3 +279,8 @@ def test_a_relay_that_lacks_the_keyed_handler_leaves_its_keys_to_the_one_that_ha
     for relay in (old, new):
         relay.signal(signal.SIGTERM)
         assert relay.wait(15) == 0
+
+
+def _started(record: Path, n: int) -> bool:
+    """At least ``n`` handler starts are recorded."""
+    return len(starts(record)) >= n

@@ -24,8 +24,17 @@ from examples.signin.errors import EmailTaken, InvalidCode, InvalidToken, Unknow
 from outbox import NotFound, Relay, RelayConfig, Unavailable, backoff, new_message
 from outbox.handlers.mail import EMAIL_CHANGE, LOGIN_LINK, LoginLink, SmtpSender, mail_handlers
 from outbox.postgres import PostgresStore
+from outbox.relay.routing import as_async
 from outbox.service.settings import SmtpSettings
-from tests.integration.smtp import PASSWORD, USER, Inbox, free_port, self_signed, smtp_server
+from tests.integration.smtp import (
+    PASSWORD,
+    USER,
+    Inbox,
+    body,
+    free_port,
+    self_signed,
+    smtp_server,
+)
 
 T0 = dt.datetime(2026, 5, 1, 9, 0, tzinfo=dt.UTC)
 BASE = "https://app.example.com"
@@ -98,8 +107,8 @@ async def test_committed_login_link_sends_exactly_one_email(
     assert sent["To"] == "Ana@Example.com"
     assert sent["From"] == "noreply@app.example.com"
     assert sent["Message-ID"] == f"<{m.id}@app.example.com>"
-    text = sent.get_body(("plain",)).get_content()
-    html = sent.get_body(("html",)).get_content()
+    text = body(sent)
+    html = body(sent, "html")
     assert f"{BASE}/login?email=Ana%40Example.com&code={code}" in text
     assert code in text
     assert code in html
@@ -142,7 +151,7 @@ async def test_email_change_mails_a_confirmation_to_the_new_address(
 
     change = next(x for x in inbox[0].mails if x["Message-ID"] == f"<{m.id}@app.example.com>")
     assert change["To"] == "cem@new.example.com"
-    text = change.get_body(("plain",)).get_content()
+    text = body(change)
     assert "cem@example.com" in text
     token = text.split("token=", 1)[1].split()[0]
     assert await confirm_email_change(mail.store, token, now=T0) == (account, "cem@new.example.com")
@@ -157,7 +166,7 @@ async def test_redelivery_after_a_lost_ack_carries_the_same_message_id(
     lease = mail.relay.config.lease
     # A relay sends the email, then dies before it acks.
     [claimed] = await mail.store.claim(mail.now, lease, 10)
-    await mail.handlers[LOGIN_LINK](claimed)
+    await as_async(mail.handlers[LOGIN_LINK])(claimed)
     mail.now += lease
 
     assert await mail.drain() == 1

@@ -13,7 +13,7 @@ import pytest
 from outbox import new_message
 from outbox.postgres import add_sync, migrate
 from outbox.postgres.queries import migrations
-from tests.integration.process import count, query, run_outbox
+from tests.integration.process import count, query, run_outbox, run_outbox_within
 from tests.integration.upgrade import earlier_release, p99, writing
 
 
@@ -121,7 +121,7 @@ def test_an_upgrade_from_an_earlier_release_never_stalls_producers(pg_conninfo: 
     completes and no producer waits a second."""
     earlier_release(pg_conninfo, BACKLOG)
     with writing(pg_conninfo) as waits:
-        result = run_outbox("migrate", OUTBOX_DATABASE_URL=pg_conninfo, timeout=120)
+        result = run_outbox_within(120, "migrate", OUTBOX_DATABASE_URL=pg_conninfo)
 
     assert result.returncode == 0, result.stderr
     # The index build waited for the open transaction, in steps of lock_timeout.

@@ -102,7 +102,9 @@ async def test_message_lands_once_even_when_published_twice(
     m = await publisher.add()
     await publisher.relay.refresh_topics()
     [claimed] = await publisher.store.claim(publisher.now, publisher.relay.config.lease, 10)
-    await publisher.relay.router.route(TOPIC).handler(claimed)  # type: ignore[misc]
+    route = publisher.relay.router.route(TOPIC)
+    assert route is not None
+    await route.handler(claimed)
     publisher.now += publisher.relay.config.lease  # published, then the relay died unacked
 
     assert await publisher.relay.drain() == 1

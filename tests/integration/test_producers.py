@@ -130,7 +130,7 @@ def _sa_url(db: str, driver: str) -> tuple[str, dict[str, Any]]:
     """A SQLAlchemy URL for ``db`` with ``driver``, and connect_args for its search_path."""
     from sqlalchemy.engine import URL
 
-    parts = conninfo_to_dict(db)
+    parts = {k: str(v) for k, v in conninfo_to_dict(db).items() if v is not None}
     host = parts.get("host")
     # A socket directory (the embedded server's) goes in the query: as the
     # URL's host, SQLAlchemy would read the path as the database name.

@@ -6,6 +6,7 @@ come from a notification. Producers notify after their commit, never in it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_a_commit_wakes_a_relay_that_polls_once_a_minute(
     for n in range(3):  # each one wakes it again
         m = add_through_the_store(db)
         started = time.monotonic()
-        wait_until(f"delivery {n}", lambda m=m: delivered(db, m), timeout=20)
+        wait_until(f"delivery {n}", functools.partial(delivered, db, m), timeout=20)
         assert time.monotonic() - started < 20  # well inside the minute
         WAKES.forget()
 

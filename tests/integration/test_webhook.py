@@ -280,7 +280,9 @@ async def test_redelivery_after_a_lost_ack_carries_the_same_key(
     m = await hooked.add()
     await hooked.relay.refresh_topics()
     [claimed] = await hooked.store.claim(hooked.now, hooked.relay.config.lease, 10)
-    await hooked.relay.router.route(TOPIC).handler(claimed)  # type: ignore[misc]
+    route = hooked.relay.router.route(TOPIC)
+    assert route is not None
+    await route.handler(claimed)
     hooked.now += hooked.relay.config.lease  # that relay died before acking
 
     await hooked.relay.drain()

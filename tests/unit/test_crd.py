@@ -36,7 +36,7 @@ SCHEMA = _json_schema(CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
 def valid(obj: dict[str, Any]) -> bool:
-    return jsonschema.Draft7Validator(SCHEMA).is_valid(obj)
+    return bool(jsonschema.Draft7Validator(SCHEMA).is_valid(obj))
 
 
 EXAMPLES = sorted((K8S / "examples").glob("*.yaml"))

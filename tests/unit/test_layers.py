@@ -79,7 +79,7 @@ def layer_of(path: Path) -> str:
 def module_imports(path: Path) -> list[str]:
     """Modules imported at module level, outside ``if TYPE_CHECKING``."""
     tree = ast.parse(path.read_text())
-    found = []
+    found: list[str] = []
     for node in tree.body:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
