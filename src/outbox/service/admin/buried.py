@@ -1,0 +1,151 @@
+"""``outbox buried``: what an operator runs when OutboxMessagesBuried fires.
+
+List, show, requeue and purge buried messages through the Store methods, so an
+application can build the same tools on them. Payloads can hold one-time
+codes: ``show`` prints one only when asked (``--payload``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from outbox.durations import format_duration
+from outbox.service.admin.output import as_json, confirm, short, table, when
+from outbox.store import Store
+
+__all__ = ["list_buried", "purge", "requeue", "show"]
+
+
+async def list_buried(
+    store: Store[Any],
+    *,
+    topic: str | None,
+    within: dt.timedelta | None,
+    limit: int,
+    output: str,
+    out: TextIO = sys.stdout,
+) -> None:
+    found = await store.list_buried(topic=topic, within=within, limit=limit)
+    if output == "json":
+        json.dump([as_json(s) for s in found], out, indent=2)
+        out.write("\n")
+        return
+    if not found:
+        out.write("no buried messages\n")
+        return
+    rows = [["ID", "TOPIC", "ATTEMPTS", "BURIED", "CREATED", "LAST ERROR"]]
+    rows += [
+        [
+            str(s.message.id),
+            s.message.topic,
+            str(s.message.attempts),
+            when(s.buried_at),
+            when(s.message.created_at),
+            short(s.last_error),
+        ]
+        for s in found
+    ]
+    table(rows, out)
+
+
+async def show(
+    store: Store[Any],
+    message_id: uuid.UUID,
+    *,
+    payload: bool,
+    output: str,
+    out: TextIO = sys.stdout,
+) -> None:
+    s = await store.get(message_id)
+    if output == "json":
+        json.dump(as_json(s, payload=payload), out, indent=2, ensure_ascii=False)
+        out.write("\n")
+        return
+    fields = [
+        ("id", str(s.message.id)),
+        ("topic", s.message.topic),
+        ("state", "buried" if s.buried_at else "pending"),
+        ("attempts", str(s.message.attempts)),
+        ("created at", when(s.message.created_at)),
+        ("buried at", when(s.buried_at)),
+        ("due at", when(s.due_at)),
+        ("leased until", when(s.leased_until)),
+        ("requeues", f"{s.requeues} (last {when(s.requeued_at)})" if s.requeues else "0"),
+        ("last error", s.last_error or "-"),
+    ]
+    for name, value in fields:
+        out.write(f"{name + ':':<14}{value}\n")
+    if payload:
+        pretty = _pretty(s.message.payload)
+        out.write("payload:\n" + "".join(f"  {line}\n" for line in pretty.splitlines()))
+    else:
+        out.write(f"{'payload:':<14}hidden ({len(s.message.payload)} bytes; --payload shows it)\n")
+
+
+def _pretty(payload: bytes) -> str:
+    """The payload indented, or as stored when it nests too deep to parse."""
+    try:
+        return json.dumps(json.loads(payload), indent=2, ensure_ascii=False)
+    except RecursionError:
+        return payload.decode("utf-8", "replace")
+
+
+async def requeue(
+    store: Store[Any],
+    *,
+    ids: Sequence[uuid.UUID] | None,
+    topic: str | None,
+    dry_run: bool,
+    yes: bool,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
+    """Requeue what the selection names; return how many were (or would be) requeued.
+
+    Requeued messages are due at the database's time, not this machine's.
+    """
+    if ids is not None:
+        states = {}
+        for i in ids:
+            states[i] = await store.get(i)  # NotFound before anything changes
+        for i, state in states.items():
+            if state.buried_at is None:
+                err.write(f"{i}: not buried, left alone\n")
+        ids = [i for i, state in states.items() if state.buried_at is not None]
+        if not ids:
+            out.write("requeued 0 messages\n")
+            return 0
+    elif not dry_run and topic is None:
+        count = await store.requeue(dry_run=True)
+        confirm(f"Requeue all {count} buried messages?", yes=yes)
+    done = await store.requeue(ids=ids, topic=topic, dry_run=dry_run)
+    verb = "would requeue" if dry_run else "requeued"
+    out.write(f"{verb} {done} messages\n")
+    return done
+
+
+async def purge(
+    store: Store[Any],
+    older_than: dt.timedelta,
+    *,
+    topic: str | None,
+    dry_run: bool,
+    yes: bool,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Delete messages buried longer than ``older_than`` ago (the database's time)."""
+    age = format_duration(older_than)
+    count = await store.purge_buried(older_than, topic=topic, dry_run=True)
+    if dry_run:
+        out.write(f"would delete {count} messages buried more than {age} ago\n")
+        return count
+    if count:
+        confirm(f"Delete {count} messages buried more than {age} ago?", yes=yes)
+    done = await store.purge_buried(older_than, topic=topic)
+    out.write(f"deleted {done} buried messages\n")
+    return done
