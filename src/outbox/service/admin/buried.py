@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from outbox.durations import format_duration
-from outbox.service.admin.output import as_json, confirm, short, table, when
+from outbox.service.admin.output import as_json, confirm, print_json, short, table, when
 from outbox.store import Store
 
 __all__ = ["list_buried", "purge", "requeue", "show"]
@@ -32,8 +32,7 @@ async def list_buried(
 ) -> None:
     found = await store.list_buried(topic=topic, within=within, limit=limit)
     if output == "json":
-        json.dump([as_json(s) for s in found], out, indent=2)
-        out.write("\n")
+        print_json([as_json(s) for s in found], out)
         return
     if not found:
         out.write("no buried messages\n")
@@ -63,8 +62,7 @@ async def show(
 ) -> None:
     s = await store.get(message_id)
     if output == "json":
-        json.dump(as_json(s, payload=payload), out, indent=2, ensure_ascii=False)
-        out.write("\n")
+        print_json(as_json(s, payload=payload), out, ascii_only=False)
         return
     fields = [
         ("id", str(s.message.id)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -10,7 +11,7 @@ from typing import Any, TextIO
 from outbox.errors import ConfigError
 from outbox.store import StoredMessage
 
-__all__ = ["Refused", "as_json", "confirm", "iso", "short", "table", "when"]
+__all__ = ["Refused", "as_json", "confirm", "iso", "print_json", "short", "table", "when"]
 
 _ERROR_WIDTH = 60
 
@@ -53,6 +54,12 @@ def as_json(s: StoredMessage, *, payload: bool = False) -> dict[str, Any]:
         except RecursionError:  # nested too deep to parse: the text as stored
             out["payload"] = s.message.payload.decode("utf-8", "replace")
     return out
+
+
+def print_json(value: Any, out: TextIO, *, ascii_only: bool = True) -> None:
+    """``value`` as indented JSON, one document ending with a newline."""
+    json.dump(value, out, indent=2, ensure_ascii=ascii_only)
+    out.write("\n")
 
 
 def table(rows: Sequence[Sequence[str]], out: TextIO) -> None:

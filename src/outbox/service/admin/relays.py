@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from outbox.service.admin.output import iso, table, when
+from outbox.service.admin.output import iso, print_json, table, when
 from outbox.store import RelayInfo, Store
 
 __all__ = ["relays_list", "serving_relays"]
@@ -39,8 +38,7 @@ async def relays_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
             }
             for r in found
         ]
-        json.dump(rows_json, out, indent=2)
-        out.write("\n")
+        print_json(rows_json, out)
         return
     if not found:
         out.write("no live relays\n")

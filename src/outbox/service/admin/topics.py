@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -12,7 +11,7 @@ from typing import Any, TextIO
 from outbox.durations import format_duration
 from outbox.errors import ConfigError
 from outbox.handler import HandlerKind
-from outbox.service.admin.output import table
+from outbox.service.admin.output import print_json, table
 from outbox.service.admin.relays import serving_relays
 from outbox.store import Store, TopicSettings
 
@@ -46,8 +45,7 @@ async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdou
                     "buried": st.buried if st else 0,
                 }
             )
-        json.dump(rows_json, out, indent=2)
-        out.write("\n")
+        print_json(rows_json, out)
         return
     if not names:
         out.write("no topics\n")

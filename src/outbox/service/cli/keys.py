@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, TextIO
 
 from outbox.postgres import PostgresStore
-from outbox.service.admin import table
+from outbox.service.admin.output import print_json, table
 from outbox.service.cli.common import DATABASE, embedded_flag, settings_help, topic, with_store
 from outbox.service.settings import ServiceSettings
 from outbox.store import BlockedKey
@@ -63,8 +62,7 @@ def write(found: list[BlockedKey], output: str, out: TextIO = sys.stdout) -> Non
             }
             for b in found
         ]
-        json.dump(rows, out, indent=2)
-        out.write("\n")
+        print_json(rows, out)
         return
     if not found:
         out.write("no blocked keys\n")
