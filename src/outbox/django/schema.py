@@ -69,7 +69,7 @@ def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], Non
 
     def apply(connection: Any) -> None:
         if transactional(sql):
-            _retrying(connection, what, [sql], (version, name))
+            _retrying(connection, what, [sql], {"version": version, "name": name})
             return
         for statement in statements(sql):
             _drop_invalid(connection, statement)
@@ -84,7 +84,7 @@ def _retrying(
     connection: Any,
     what: str,
     sqls: list[str],
-    record: tuple[int, str] | None = None,
+    record: dict[str, Any] | None = None,
     *,
     atomic: bool = True,
 ) -> None:
@@ -99,7 +99,7 @@ def _retrying(
                     for sql in sqls:
                         cur.execute(sql)
                     if record is not None:
-                        cur.execute(RECORD, {"version": record[0], "name": record[1]})
+                        cur.execute(RECORD, record)
             else:
                 with connection.cursor() as cur:
                     cur.execute(

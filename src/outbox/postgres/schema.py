@@ -62,7 +62,7 @@ _COMMENT_LINE = re.compile(r"^\s*--.*$", re.MULTILINE)
 
 BOOKKEEPING = QUERIES["schema_bookkeeping"]
 RECORD = QUERIES["schema_record"]
-"""Records one applied migration: parameters version and name."""
+"""Records one applied migration: parameters ``{"version": ..., "name": ...}``."""
 BLOCKERS = QUERIES["schema_blockers"]
 """Who holds the locks a migration waits for: parameter lock (LOCK_KEY)."""
 INVALID_INDEXES = QUERIES["schema_invalid_indexes"]
@@ -105,7 +105,7 @@ async def migrate(
                 if version in done:
                     continue
                 what = f"migration {version:04d}_{name}"
-                record = (version, name)
+                record = {"version": version, "name": name}
                 if transactional(sql):
                     await _retrying(conn, what, wait, [sql], record)
                 else:
@@ -113,7 +113,7 @@ async def migrate(
                         await _drop_invalid(conn, statement)
                         await _retrying(conn, what, wait, [statement], None)
                     await _owned(conn, what)
-                    await conn.execute(RECORD, {"version": record[0], "name": record[1]})
+                    await conn.execute(RECORD, record)
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
         finally:
@@ -177,7 +177,7 @@ async def _retrying(
     what: str,
     wait: float,
     sqls: list[str],
-    record: tuple[int, str] | None,
+    record: dict[str, Any] | None,
 ) -> None:
     """Run ``sqls`` (and the bookkeeping row) in one transaction, retrying lock timeouts."""
     started = time.monotonic()
@@ -189,7 +189,7 @@ async def _retrying(
                     await conn.execute(sql.encode())
                 if record is not None:
                     await _owned(conn, what)
-                    await conn.execute(RECORD, {"version": record[0], "name": record[1]})
+                    await conn.execute(RECORD, record)
             return
         except psycopg.errors.LockNotAvailable:
             waited = time.monotonic() - started

@@ -117,14 +117,10 @@ class PostgresStore(OperatorQueries):
                     yield
             else:
                 yield
-        except psycopg.OperationalError as exc:
+        except psycopg.OperationalError as exc:  # psycopg_pool.PoolTimeout is one too
             with anyio.move_on_after(2):
                 with suppress(psycopg.Error):
                     await self.pool.check()
-            raise StoreUnavailable(
-                f"outbox: database unavailable: {first_line(exc, typed=False)}"
-            ) from exc
-        except psycopg_pool.PoolTimeout as exc:
             raise StoreUnavailable(
                 f"outbox: database unavailable: {first_line(exc, typed=False)}"
             ) from exc
