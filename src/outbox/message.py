@@ -13,12 +13,15 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import uuid_utils.compat
 
 from outbox.errors import ConfigError, EncodeError, PayloadMismatch, first_line
+from outbox.headers import message_headers
+from outbox.tracing import trace_headers, tracing
 
 __all__ = [
     "MAX_KEY",
@@ -86,6 +89,11 @@ class Message:
     key: str | None = None
     """Messages of one topic with the same key are delivered one at a time, in
     the order they were added (None: no order with any other message)."""
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    """String headers, names in lower case (outbox.headers says what they may
+    be). Every kind carries them: HTTP headers, NATS headers, AMQP properties.
+    With OpenTelemetry in use, ``traceparent`` and ``tracestate`` of the span
+    that added the message."""
     lease: uuid.UUID | None = dataclasses.field(default=None, compare=False, repr=False)
     """The token of the claim that leased it. The store applies a write-back that
     carries it (retry, bury, release) only while no later claim has taken the
@@ -144,6 +152,7 @@ def new_message(
     *,
     key: str | None = None,
     deliver_at: dt.datetime | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Message:
     """Return a message for ``topic`` with ``payload`` encoded as compact JSON.
 
@@ -160,9 +169,21 @@ def new_message(
     ``key`` (at most MAX_KEY characters) orders the topic's messages that share
     it: each is delivered only after every earlier one of the key was delivered
     (or buried, where the topic skips buried messages), one at a time.
+
+    ``headers`` (string names and values, see outbox.headers) travel with the
+    message to its handler and on with every kind. When the application uses
+    OpenTelemetry and a span is active, the span's ``traceparent`` and
+    ``tracestate`` are added (unless ``headers`` has them), so the delivery
+    continues the producer's trace.
     """
     validate_topic(topic)
     validate_key(key)
+    try:
+        fields = message_headers(headers)
+    except ValueError as exc:
+        raise ValueError(f"outbox: {exc}") from None
+    if tracing():  # only an application that traces pays
+        fields = {**trace_headers(), **fields}
     created = _instant(now or dt.datetime.now(dt.UTC), "now")
     later = None if deliver_at is None else _instant(deliver_at, "deliver_at")
     try:
@@ -186,6 +207,7 @@ def new_message(
         created_at=created,
         deliver_at=later,
         key=key,
+        headers=fields,
     )
 
 
@@ -218,6 +240,11 @@ def check_message(m: Message) -> Message:
     or a payload that is not JSON new_message would write, or a naive datetime."""
     validate_topic(m.topic)
     validate_key(m.key)
+    try:
+        if message_headers(m.headers) != dict(m.headers):
+            raise ValueError("header names are lower case (new_message makes them so)")
+    except ValueError as exc:
+        raise ValueError(f"outbox: headers of {m.id}: {exc}") from None
     for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
         if at is not None and (at.tzinfo is None or at.utcoffset() is None):
             raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import INSERT_KEYED, checked, insert_params, named_to
+from outbox.postgres.producer import INSERT_FULL, checked, insert_params, named_to
 from outbox.wake import CHANNEL, WAKES
 
 if TYPE_CHECKING:
@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 __all__ = ["add", "add_async"]
 
 _SQL, _ = named_to("colon")
-_SQL_KEYED, _ = named_to("colon", INSERT_KEYED)
+_SQL_FULL, _ = named_to("colon", INSERT_FULL)
 
 
 def _statement(params: dict[str, object]) -> str:
-    return _SQL_KEYED if "keys" in params else _SQL
+    return _SQL_FULL if "keys" in params else _SQL
 
 
 def add(bind: Session | Connection, /, *msgs: Message) -> None:

@@ -275,3 +275,24 @@ async def test_a_claim_stops_once_its_payloads_reach_max_bytes(store: Store[Any]
     assert [m.id for m in first] == [m.id for m in big[:3]]  # until the bytes before reach it
     assert [m.id for m in second] == [big[3].id]  # the first is always taken
     assert [m.id for m in rest] == [big[4].id]
+
+
+async def test_headers_come_back_with_the_message_alone_keyed_and_in_a_run(
+    store: Store[Any],
+) -> None:
+    alone = new_message("orders.placed", {}, T0, headers={"X-Tenant": "acme"})
+    plain = new_message("orders.placed", {}, T0)
+    run = [
+        new_message("orders.paid", {"n": n}, T0, key="o-1", headers={"seq": str(n)})
+        for n in range(3)
+    ]
+    await add(store, alone)
+    await add(store, plain, *run)
+
+    got = {m.id: m.headers for m in await store.claim(T0, LEASE, 10, run=16)}
+
+    assert got == {
+        alone.id: {"x-tenant": "acme"},
+        plain.id: {},
+        **{m.id: {"seq": str(n)} for n, m in enumerate(run)},
+    }

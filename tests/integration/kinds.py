@@ -44,8 +44,8 @@ class KindRelay:
     async def bind_kind(self, handler: str, config: dict[str, Any]) -> None:
         await self.store.set_topic(TopicSettings(TOPIC, handler=handler, config=config), self.now)
 
-    async def add(self) -> Message:
-        m = new_message(TOPIC, self.payload, self.now)
+    async def add(self, headers: dict[str, str] | None = None) -> Message:
+        m = new_message(TOPIC, self.payload, self.now, headers=headers)
         async with self.store.begin() as tx:
             await self.store.add(tx, m)
         return m

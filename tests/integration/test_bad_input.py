@@ -252,7 +252,7 @@ CLI = [
             ),
             (
                 '{"url": "https://billing.internal/h", "headers": {"Content-Length": "0"}}',
-                "Content-Length must not be set from config",
+                "header Content-Length is reserved",
             ),
             (
                 '{"url": "https://billing.internal/h", "headers": {"Authorization ": "x"}}',

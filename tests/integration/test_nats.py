@@ -96,10 +96,10 @@ async def publisher(server: NatsServer) -> AsyncIterator[Publisher]:
     await p.kinds.aclose()
 
 
-async def test_message_lands_once_even_when_published_twice(
+async def test_message_lands_once_with_its_headers_even_when_published_twice(
     publisher: Publisher, orders: Any
 ) -> None:
-    m = await publisher.add()
+    m = await publisher.add(headers={"X-Tenant": "acme"})
     await publisher.relay.refresh_topics()
     [claimed] = await publisher.store.claim(publisher.now, publisher.relay.config.lease, 10)
     route = publisher.relay.router.route(TOPIC)
@@ -115,6 +115,7 @@ async def test_message_lands_once_even_when_published_twice(
     assert stored.data == m.payload
     assert stored.headers["Nats-Msg-Id"] == str(m.id)
     assert stored.headers["Outbox-Topic"] == TOPIC
+    assert stored.headers["x-tenant"] == "acme"
 
 
 async def test_server_down_is_retried_and_delivered_when_it_returns(

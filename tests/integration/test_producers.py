@@ -387,7 +387,7 @@ def test_every_producer_path_refuses_a_payload_over_the_limit(
 
 
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
-def test_every_producer_path_stores_keys_in_the_order_given(
+def test_every_producer_path_stores_keys_in_the_order_given_and_headers(
     db: str, django_db: Callable[[], Any], driver: str
 ) -> None:
     from django.db import transaction as django_transaction
@@ -402,7 +402,7 @@ def test_every_producer_path_stores_keys_in_the_order_given(
     def two(path: str) -> list[Any]:  # a keyed message, an unkeyed one, then keyed again
         return [
             new_message("orders.events", {"via": path, "n": 0}, key="order-7"),
-            new_message("orders.events", {"via": path, "n": 1}),
+            new_message("orders.events", {"via": path, "n": 1}, headers={"X-Via": path}),
             new_message("orders.events", {"via": path, "n": 2}, key="order-7"),
         ]
 
@@ -434,12 +434,13 @@ def test_every_producer_path_stores_keys_in_the_order_given(
 
     with psycopg.connect(db) as c:
         rows = c.execute(
-            "SELECT payload->>'via', (payload->>'n')::int, key, seq FROM outbox_messages"
+            "SELECT payload->>'via', (payload->>'n')::int, key, seq, headers FROM outbox_messages"
             " ORDER BY payload->>'via', (payload->>'n')::int"
         ).fetchall()
     by_path: dict[str, list[Any]] = {}
-    for via, n, key, seq in rows:
+    for via, n, key, seq, headers in rows:
         by_path.setdefault(via, []).append((n, key, seq))
+        assert headers == ({"x-via": via} if n == 1 else None), via
     assert set(by_path) == {"async", "sync", "sqlalchemy", "sqlalchemy-async", "django"}
     for via, got in by_path.items():
         keyed = [(n, seq) for n, key, seq in got if key == "order-7"]

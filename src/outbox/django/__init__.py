@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from outbox.errors import NotInTransaction
 from outbox.message import Message
-from outbox.postgres.producer import INSERT_KEYED, checked, insert_params, named_to
+from outbox.postgres.producer import INSERT_FULL, checked, insert_params, named_to
 from outbox.postgres.queries import QUERIES
 from outbox.wake import CHANNEL, WAKES
 
 __all__ = ["add"]
 
 _SQL, _NAMES = named_to("format")
-_SQL_KEYED, _NAMES_KEYED = named_to("format", INSERT_KEYED)
+_SQL_FULL, _NAMES_FULL = named_to("format", INSERT_FULL)
 
 
 def add(*msgs: Message, using: str = "default") -> None:
@@ -34,7 +34,7 @@ def add(*msgs: Message, using: str = "default") -> None:
     if not msgs:
         return
     params = insert_params(msgs, text_ids=True)
-    sql, names = (_SQL_KEYED, _NAMES_KEYED) if "keys" in params else (_SQL, _NAMES)
+    sql, names = (_SQL_FULL, _NAMES_FULL) if "keys" in params else (_SQL, _NAMES)
     with connection.cursor() as cursor:
         cursor.execute(sql, [params[name] for name in names])
     topics = {m.topic for m in msgs}

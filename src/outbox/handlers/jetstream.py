@@ -24,6 +24,7 @@ from outbox.handlers.allow import check_subject
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
+from outbox.tracing import tracing, with_trace
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -62,6 +63,7 @@ class NatsKind:
         async def publish(m: Message) -> None:
             js = await self._jetstream()
             headers = {
+                **(with_trace(m.headers) if tracing() else m.headers),
                 "Nats-Msg-Id": str(m.id),
                 "Outbox-Topic": m.topic,
                 "Outbox-Attempt": str(m.attempts),

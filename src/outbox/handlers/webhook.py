@@ -20,11 +20,11 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from outbox.clock import Clock
@@ -33,7 +33,9 @@ from outbox.handler import Handler, Kind
 from outbox.handlers.allow import UrlPrefix, origin, parse_url
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import WebhookSettings
+from outbox.headers import check_header
 from outbox.message import Message
+from outbox.tracing import tracing, with_trace
 from outbox.webhooks import signature_headers
 
 __all__ = ["KIND", "SECRET_PREFIX", "WebhookConfig", "WebhookKind"]
@@ -44,30 +46,6 @@ MAX_HEADERS = 20
 
 _RETRYABLE = {408, 429}
 _MAX_RETRY_AFTER = dt.timedelta(hours=1)
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_VALUE = re.compile(r"^[\x20-\x7e\t]*$")
-# Framing, routing, credentials and the relay's own headers: a resource that
-# set these could empty the body (Content-Length: 0 acks a lost message),
-# desync a proxy, reach another virtual host or forge a signature.
-_RESERVED = frozenset(
-    {
-        "authorization",
-        "connection",
-        "content-encoding",
-        "content-length",
-        "content-type",
-        "cookie",
-        "expect",
-        "host",
-        "idempotency-key",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-_RESERVED_PREFIXES = ("proxy-", "outbox-", "webhook-", "sec-")
 
 
 class WebhookConfig(BaseModel):
@@ -90,17 +68,11 @@ class WebhookConfig(BaseModel):
     @field_validator("headers")
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        # The rules of message headers (outbox.headers): a resource that set
+        # Content-Length: 0 would ack a lost message, Host reach another
+        # virtual host, a signature header forge one.
         for name, text in value.items():
-            if not _TOKEN.match(name):
-                raise ValueError("a header name is not an HTTP token (no spaces or controls)")
-            lowered = name.lower()
-            if lowered in _RESERVED or lowered.startswith(_RESERVED_PREFIXES):
-                raise ValueError(
-                    f"{name} must not be set from config (framing, routing, credentials "
-                    "and the relay's own headers are reserved; no secrets)"
-                )
-            if len(text) > 1024 or not _VALUE.match(text):
-                raise ValueError(f"the value of {name} has control characters or is too long")
+            check_header(name, text, max_value=1024)
         return value
 
 
@@ -149,13 +121,19 @@ class WebhookKind:
         where = origin(parse_url(url))
 
         async def deliver(m: Message) -> None:
-            headers = {
-                **cfg.headers,
-                "Content-Type": "application/json",
-                "Idempotency-Key": str(m.id),
-                "Outbox-Topic": m.topic,
-                "Outbox-Attempt": str(m.attempts),
-            }
+            # The message's headers (with the delivery's trace context when the
+            # relay traces), then the topic's, then the relay's own; names are
+            # case-insensitive, so a later one replaces an earlier one.
+            headers = CIMultiDict(with_trace(m.headers) if tracing() else m.headers)
+            headers.update(cfg.headers)
+            headers.update(
+                {
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": str(m.id),
+                    "Outbox-Topic": m.topic,
+                    "Outbox-Attempt": str(m.attempts),
+                }
+            )
             if cfg.secret_env:
                 secret = os.environ.get(cfg.secret_env)
                 if not secret:

@@ -16,6 +16,7 @@ poll.
 
 from __future__ import annotations
 
+import json
 import re
 import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
-    "INSERT_KEYED",
+    "INSERT_FULL",
     "INSERT_MANY",
     "add",
     "add_sync",
@@ -46,8 +47,8 @@ __all__ = [
 
 INSERT_ONE = QUERIES["message_insert"]
 INSERT_MANY = QUERIES["message_insert_many"]
-INSERT_KEYED = QUERIES["message_insert_keyed"]
-INSERT_KEYED_ONE = QUERIES["message_insert_keyed_one"]
+INSERT_FULL = QUERIES["message_insert_full"]
+INSERT_FULL_ONE = QUERIES["message_insert_full_one"]
 NOTIFY = QUERIES["wake_notify"]
 
 _PENDING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -67,19 +68,26 @@ def insert_params(msgs: Sequence[Message], *, text_ids: bool = False) -> dict[st
         "created": [m.created_at for m in msgs],
         "due": [m.deliver_at or m.created_at for m in msgs],
     }
-    if any(m.key is not None for m in msgs):  # INSERT_KEYED's; unkeyed inserts stay as they were
+    if any(m.key is not None or m.headers for m in msgs):
+        # INSERT_FULL's; messages without keys or headers stay as they were
         params["keys"] = [m.key for m in msgs]
+        params["headers"] = [_headers(m) for m in msgs]
     return params
+
+
+def _headers(m: Message) -> str | None:
+    return json.dumps(dict(m.headers), separators=(",", ":")) if m.headers else None
 
 
 def insert(msgs: Sequence[Message]) -> tuple[LiteralString, dict[str, Any]]:
     """The statement and parameters that add ``msgs`` (psycopg's placeholders)."""
     if len(msgs) == 1:
-        if msgs[0].key is None:
-            return INSERT_ONE, _one(msgs[0])
-        return INSERT_KEYED_ONE, {**_one(msgs[0]), "key": msgs[0].key}
+        m = msgs[0]
+        if m.key is None and not m.headers:
+            return INSERT_ONE, _one(m)
+        return INSERT_FULL_ONE, {**_one(m), "key": m.key, "headers": _headers(m)}
     params = insert_params(msgs)
-    return (INSERT_KEYED if "keys" in params else INSERT_MANY), params
+    return (INSERT_FULL if "keys" in params else INSERT_MANY), params
 
 
 def _one(m: Message) -> dict[str, Any]:

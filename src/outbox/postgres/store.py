@@ -172,7 +172,7 @@ class PostgresStore(OperatorQueries):
         rows = await self._fetch(_CLAIM, params)
         claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
         claimed.orphans = len(rows) - len(claimed)
-        heads = [r for r in rows if r[0] is not None and r[6] is not None]
+        heads = [r for r in rows if r[0] is not None and r[5] is not None]
         room = (limit if room is None else room) - len(claimed)
         if run > 0 and heads and room > 0 and not solo:
             used = sum(len(m.payload) for m in claimed)
@@ -181,8 +181,8 @@ class PostgresStore(OperatorQueries):
                 "lease": lease,
                 "token": token,
                 "topics": [r[1] for r in heads],
-                "keys": [r[6] for r in heads],
-                "seqs": [r[7] for r in heads],
+                "keys": [r[5] for r in heads],
+                "seqs": [r[6] for r in heads],
                 "run": run,
                 "limit": room,
                 "max_bytes": None if max_bytes is None else max(max_bytes - used, 0),
@@ -395,13 +395,16 @@ class PostgresStore(OperatorQueries):
 
 
 def _claimed(r: Any, token: uuid.UUID) -> Message:
+    """The Message of a row of message_claim or message_claim_run: id, topic,
+    payload, created_at, attempts, key, seq, headers (then the claim's orphan)."""
     return Message(
         id=r[0],
         topic=r[1],
         payload=r[2].encode(),
         created_at=r[3].astimezone(dt.UTC),
         attempts=r[4],
-        key=r[6],
+        key=r[5],
+        headers=r[7] or {},
         lease=token,
     )
 

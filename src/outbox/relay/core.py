@@ -45,6 +45,7 @@ from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
 from outbox.relay.settle import Held, Settler
 from outbox.store import Claimed, Store
+from outbox.tracing import DeliveryTracer
 from outbox.wake import WAKE_WINDOW
 
 __all__ = ["Relay"]
@@ -81,6 +82,7 @@ class Relay(Delivering, Housekeeping):
         kinds: Mapping[str, HandlerKind] | None = None,
         listen: bool = True,
         backlog: dt.timedelta | None = dt.timedelta(seconds=15),
+        tracer: DeliveryTracer | None = None,
     ) -> None:
         for topic in handlers:
             validate_topic(topic)
@@ -93,6 +95,8 @@ class Relay(Delivering, Housekeeping):
         """Whether run() listens for the store's wake-ups (``store.wakeups``)."""
         self.backlog = backlog
         """How often run() refreshes the backlog gauges (None: never)."""
+        self.tracer = tracer
+        """Records a span per delivery (outbox.tracing); None: no tracing."""
         self._local = clock or system_clock
         self.router = Router(handlers, kinds or {}, cfg)
         self.metrics = RelayMetrics.of(registry)

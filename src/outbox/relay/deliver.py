@@ -24,8 +24,9 @@ from outbox.durations import format_duration
 from outbox.errors import Dropped, Permanent, RetryAfter, Unavailable
 from outbox.relay.backoff import backoff
 from outbox.relay.metrics import RelayMetrics
-from outbox.relay.settle import Held, Settler
+from outbox.relay.settle import Held, Settler, clean_reason
 from outbox.store import Claimed
+from outbox.tracing import DeliveryTracer
 
 __all__ = ["Delivering"]
 
@@ -45,6 +46,7 @@ class Delivering:
     _workers: int
     _stopping: bool
     _changed: anyio.Event | None
+    tracer: DeliveryTracer | None
 
     def wake(self, topics: Iterable[str] | None = None) -> None:
         raise NotImplementedError
@@ -129,32 +131,49 @@ class Delivering:
 
     async def _deliver(self, held: Held) -> None:
         m, route = held.message, held.route
+        span = None if self.tracer is None else self.tracer.start(m)
+        outcome, reason = "interrupted", None
         started = time.perf_counter()
         try:
-            await route.handler(m)
+            if span is None:
+                await route.handler(m)
+            else:
+                with span.current():
+                    await route.handler(m)
         except Permanent as exc:
             self._decide(held)
-            self.settler.bury(held, f"permanent: {exc.reason}")
+            outcome, reason = "buried", f"permanent: {exc.reason}"
+            self.settler.bury(held, reason)
         except Dropped as exc:
             self._decide(held)
+            outcome = "dropped"
             self.settler.ack(held, dropped=exc.reason)
         except RetryAfter as exc:
-            self._fail(held, exc.reason, exc.delay)
+            outcome, reason = self._fail(held, exc.reason, exc.delay), exc.reason
         except Unavailable as exc:
             self._decide(held)  # the receiver is at fault, not the message: not counted
+            outcome, reason = "retried", exc.reason
             self.settler.retry(held, exc.delay, exc.reason, counted=False)
         except Exception as exc:
-            self._fail(held, f"{type(exc).__name__}: {exc}")
+            reason = f"{type(exc).__name__}: {exc}"
+            outcome = self._fail(held, reason)
         except anyio.get_cancelled_exc_class():
             if anyio.current_effective_deadline() == -math.inf:
                 raise  # we are being cancelled: a timeout or a shutdown
             # The handler raised it on its own (a cancelled task inside it).
-            self._fail(held, "CancelledError: raised by the handler")
+            reason = "CancelledError: raised by the handler"
+            outcome = self._fail(held, reason)
         else:
             self._decide(held)
+            outcome = "acked"
             self.settler.ack(held)
         finally:
-            self.metrics.topic(m.topic).duration.observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            if span is None:
+                self.metrics.topic(m.topic).duration.observe(elapsed)
+            else:
+                self.metrics.topic(m.topic).duration.observe(elapsed, span.exemplar())
+                span.end(outcome, None if reason is None else clean_reason(reason))
 
     async def _follow(self, run: list[Held]) -> None:
         """Deliver a key's messages of one claim in order, each only once the one
@@ -199,13 +218,16 @@ class Delivering:
             return
         self._fail(held, f"timed out after {format_duration(held.route.timeout)}")
 
-    def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> None:
+    def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> str:
+        """Retry ``held`` after ``delay`` (or its backoff), or bury it if it has no
+        attempts left; returns which ("retried" or "buried")."""
         m = held.message
         self._decide(held)
         if m.attempts >= held.route.max_attempts:
             self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
-        else:
-            self.settler.retry(held, delay or backoff(m.attempts), reason)
+            return "buried"
+        self.settler.retry(held, delay or backoff(m.attempts), reason)
+        return "retried"
 
     def _decide(self, held: Held) -> None:
         """``held`` has an outcome: its delivery no longer counts against its topic."""

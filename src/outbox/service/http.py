@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 from aiohttp import web
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 __all__ = ["ProbeServer"]
 
@@ -74,9 +74,12 @@ class ProbeServer:
                 await runner.cleanup()
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        # The classic text format (0.0.4): every Prometheus 2.x scrapes it.
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+        # The classic text format (0.0.4), or OpenMetrics for a scraper that
+        # asks for it (Prometheus does): only OpenMetrics carries exemplars,
+        # the trace ids of the delivery-duration histogram.
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encode(self.registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         if self.alive():

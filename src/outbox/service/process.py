@@ -35,6 +35,7 @@ from outbox.service.settings import (
     ServiceSettings,
     kind_settings,
 )
+from outbox.tracing import configure_from_env
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
 
@@ -194,7 +195,12 @@ async def _serve(
         store = PostgresStore(pool, listen_url=listen_url)
         kinds = HandlerKinds(**kind_settings())
         relay = Relay(
-            store, handlers, config, kinds=kinds.mapping, backlog=settings.backlog_interval
+            store,
+            handlers,
+            config,
+            kinds=kinds.mapping,
+            backlog=settings.backlog_interval,
+            tracer=configure_from_env(),
         )
         shutdown.relay = relay
 

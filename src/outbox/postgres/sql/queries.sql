@@ -9,13 +9,14 @@ INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)
 VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s,
         coalesce(%(deliver_at)s::timestamptz, %(created_at)s));
 
--- message_insert_keyed_one --
--- Add one message with a key; it takes its place in its key from
--- outbox_messages_seq.
-INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq)
+-- message_insert_full_one --
+-- Add one message with a key or headers: a keyed one takes its place in its
+-- key from outbox_messages_seq.
+INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq, headers)
 VALUES (%(id)s, %(topic)s, %(payload)s::json, %(created_at)s,
         coalesce(%(deliver_at)s::timestamptz, %(created_at)s), %(key)s,
-        nextval('outbox_messages_seq'));
+        CASE WHEN %(key)s::text IS NOT NULL THEN nextval('outbox_messages_seq') END,
+        %(headers)s::json);
 
 -- message_insert_many --
 -- Add several messages in one statement (one round trip); each is first due
@@ -27,18 +28,19 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads
             CAST(%(created)s AS timestamptz[]), CAST(%(due)s AS timestamptz[]))
      AS m(id, topic, payload, created_at, due_at);
 
--- message_insert_keyed --
--- Add several messages, some with a key (message_insert_many's form): a keyed
--- message takes its place in its key from outbox_messages_seq, in the order
--- given (volatile output is computed after the ORDER BY); an unkeyed one calls
--- nothing.
-INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq)
+-- message_insert_full --
+-- Add several messages, some with a key or headers (message_insert_many's
+-- form): a keyed message takes its place in its key from
+-- outbox_messages_seq, in the order given (volatile output is computed after
+-- the ORDER BY); an unkeyed one calls nothing.
+INSERT INTO outbox_messages (id, topic, payload, created_at, due_at, key, seq, headers)
 SELECT m.id, m.topic, CAST(m.payload AS json), m.created_at, m.due_at, m.key,
-       CASE WHEN m.key IS NULL THEN NULL ELSE nextval('outbox_messages_seq') END
+       CASE WHEN m.key IS NULL THEN NULL ELSE nextval('outbox_messages_seq') END,
+       CAST(m.headers AS json)
 FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(topics)s AS text[]), CAST(%(payloads)s AS text[]),
             CAST(%(created)s AS timestamptz[]), CAST(%(due)s AS timestamptz[]),
-            CAST(%(keys)s AS text[]))
-     WITH ORDINALITY AS m(id, topic, payload, created_at, due_at, key, n)
+            CAST(%(keys)s AS text[]), CAST(%(headers)s AS text[]))
+     WITH ORDINALITY AS m(id, topic, payload, created_at, due_at, key, headers, n)
 ORDER BY m.n;
 
 -- message_claim --
@@ -217,9 +219,9 @@ claimed AS (
       -- Nothing behind an orphan is taken before the orphan is delivered.
       AND (%(solo)s OR NOT %(isolate)s OR NOT EXISTS (
           SELECT 1 FROM first_orphan AS f WHERE (p.due_at, p.id) > (f.due_at, f.id)))
-    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key, m.seq
+    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
 )
-SELECT c.id, c.topic, c.payload, c.created_at, c.attempts, p.orphan, c.key, c.seq
+SELECT c.*, p.orphan
 FROM picked AS p
 LEFT JOIN claimed AS c ON c.id = p.id
 ORDER BY p.due_at, p.id;
@@ -267,9 +269,9 @@ ran AS (
     -- row (once per row of the run, for a join): tens of milliseconds.
     WHERE m.id = ANY(ARRAY(SELECT id FROM run))
       AND coalesce(m.leased_until, 'infinity') = 'infinity' AND m.buried_at IS NULL
-    RETURNING m.id, m.topic, m.payload::text AS payload, m.created_at, m.attempts, m.key, m.seq
+    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
 )
-SELECT id, topic, payload, created_at, attempts, false, key, seq FROM ran ORDER BY topic, key, seq;
+SELECT * FROM ran ORDER BY topic, key, seq;
 
 -- message_ack --
 -- Remove a delivered message; its topic and key, for key_unpark.
