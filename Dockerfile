@@ -19,11 +19,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /dist/*.whl /tmp/
 COPY constraints.txt /tmp/
-# What the image runs (relays with every handler kind, the controller, psycopg's
+# What the image runs (relays with every handler kind and tracing, the controller, psycopg's
 # binary build) and no embedded PostgreSQL: pods use OUTBOX_DATABASE_URL. Every
 # dependency at the version constraints.txt pins.
 RUN pip install --no-cache-dir -c /tmp/constraints.txt \
-        "$(ls /tmp/*.whl)[relay,mail,webhook,nats,k8s,binary]" \
+        "$(ls /tmp/*.whl)[relay,mail,webhook,nats,k8s,otel,binary]" \
     && rm -f /tmp/*.whl /tmp/constraints.txt \
     && groupadd --system --gid 10001 outbox \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin outbox

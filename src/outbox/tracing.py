@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Span, TracerProvider
 
     from outbox.message import Message
 
@@ -114,9 +114,9 @@ class DeliverySpan:
 
 
 class DeliveryTracer:
-    """Starts the relay's delivery spans on the global tracer provider."""
+    """Starts the relay's delivery spans on ``provider`` (None: the global one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: TracerProvider | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -124,7 +124,7 @@ class DeliveryTracer:
             version = importlib.metadata.version("outbox-relay")
         except importlib.metadata.PackageNotFoundError:
             version = None
-        self._tracer = trace.get_tracer("outbox-relay", version)
+        self._tracer = trace.get_tracer("outbox-relay", version, tracer_provider=provider)
         self._propagator = TraceContextTextMapPropagator()
 
     def start(self, m: Message) -> DeliverySpan:

@@ -54,6 +54,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
     },
     "cluster-wide": {"controller": {"watchAllNamespaces": True}},
+    "tracing": {
+        "tracing": {
+            "enabled": True,
+            "endpoint": "http://otel-collector.observability:4318",
+            "sampler": "parentbased_traceidratio",
+            "samplerArg": "0.25",
+        }
+    },
     "network policy": {
         "networkPolicy": {
             "enabled": True,
@@ -268,6 +276,9 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
         ({"smtp": {"tls": "ssl"}}, "tls"),
         ({"database": {"password": "hunter2"}}, "password"),
         ({"relay": {"logLevel": "loud"}}, "logLevel"),
+        ({"tracing": {"sampler": "sometimes"}}, "sampler"),
+        ({"tracing": {"samplerArg": "half"}}, "samplerArg"),
+        ({"tracing": {"endpoint": "otel-collector:4318"}}, "endpoint"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: dict[str, Any], complaint: str) -> None:
@@ -280,6 +291,7 @@ def test_bad_values_are_refused_by_the_schema(values: dict[str, Any], complaint:
     [
         ({"relay": {"lease": "20s", "timeout": "30s"}}, "must outlast relay.timeout"),
         ({"relay": {"terminationGracePeriodSeconds": 20}}, "must exceed relay.timeout"),
+        ({"tracing": {"enabled": True}}, "tracing.endpoint is required"),
     ],
 )
 def test_inconsistent_values_fail_the_render(values: dict[str, Any], complaint: str) -> None:
@@ -349,6 +361,31 @@ def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -
     assert {n for n in env if n.startswith("OUTBOX_")} <= known
     with pytest.raises(helm_python.HelmValuesError):
         render({"relay": {"concurrency": 0}})
+
+
+def test_tracing_gives_the_relays_the_standard_otel_variables() -> None:
+    def relay_env(values: dict[str, Any]) -> list[dict[str, Any]]:
+        [relay] = [
+            d
+            for d in by_kind(documents(render(values)), "Deployment")
+            if d["metadata"]["name"].endswith("outbox-relay")
+        ]
+        env: list[dict[str, Any]] = relay["spec"]["template"]["spec"]["containers"][0]["env"]
+        return env
+
+    env = relay_env(VALUE_SETS["tracing"])
+    names = [e["name"] for e in env]
+    values = {e["name"]: e.get("value") for e in env}
+
+    assert values["OTEL_TRACES_EXPORTER"] == "otlp"
+    assert values["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4318"
+    assert values["OTEL_SERVICE_NAME"] == "outbox-outbox-relay"
+    assert values["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert values["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert values["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.namespace.name=prod,k8s.pod.name=$(POD_NAME)"
+    # $(POD_NAME) expands only to a variable listed before it.
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert not [e for e in relay_env({}) if e["name"].startswith("OTEL_")]
 
 
 def _hook(doc: dict[str, Any]) -> tuple[set[str], int] | None:

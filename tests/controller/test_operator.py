@@ -17,8 +17,8 @@ from outbox.handlers.mail import LOGIN_LINK
 from outbox.postgres import PostgresStore, migrate
 from outbox.service.settings import NatsSettings, WebhookSettings
 from tests.controller.conftest import Cluster, eventually, operator
+from tests.integration.hooks import Receiver, serving
 from tests.integration.test_nats import NatsServer
-from tests.integration.test_webhook import Receiver, serving
 
 
 async def entry(cluster: Cluster, topic: str) -> object:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import psycopg
@@ -14,6 +14,7 @@ from psycopg.conninfo import make_conninfo
 
 from outbox.postgres import migrate
 from tests.integration import recording
+from tests.integration.hooks import Receiver, serving
 from tests.integration.process import RelayProcess, query
 
 
@@ -47,3 +48,10 @@ def scratch_db(postgres_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """An HTTP receiver on a loopback port (tests.integration.hooks)."""
+    async with serving(Receiver()) as r:
+        yield r

@@ -11,6 +11,7 @@ from outbox import Message, Relay, RelayConfig, Store, new_message
 from outbox.handlers import HandlerKinds
 from outbox.service.settings import NatsSettings, WebhookSettings
 from outbox.store import TopicSettings
+from outbox.tracing import DeliveryTracer
 
 T0 = dt.datetime(2026, 3, 1, 8, 0, tzinfo=dt.UTC)
 TOPIC = "orders.placed"
@@ -26,19 +27,22 @@ class KindRelay:
         *,
         nats: NatsSettings | None = None,
         webhook: WebhookSettings | None = None,
+        tracer: DeliveryTracer | None = None,
         **config: Any,
     ) -> None:
         self.store = store
         self.payload = payload
         self.now = T0
+        self.registry = CollectorRegistry()
         self.kinds = HandlerKinds(clock=lambda: self.now, nats=nats, webhook=webhook)
         self.relay = Relay(
             store,
             {},
             RelayConfig.model_validate({"timeout": "2s", "lease": "1m", **config}),
             clock=lambda: self.now,
-            registry=CollectorRegistry(),
+            registry=self.registry,
             kinds=self.kinds.mapping,
+            tracer=tracer,
         )
 
     async def bind_kind(self, handler: str, config: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ EXTRAS = (
     "sqlalchemy",
     "django",
     "binary",
+    "otel",
 )
 
 
@@ -230,6 +231,20 @@ def test_django_adds_inside_atomic(venvs: dict[str, Path], db: str) -> None:
 def test_binary_brings_psycopgs_binary_build(venvs: dict[str, Path]) -> None:
     done = python(venvs["binary"], "import psycopg; print(psycopg.pq.__impl__)")
     assert done.stdout.strip() == "binary", done.stderr
+
+
+def test_otel_stores_the_producers_trace_context(venvs: dict[str, Path]) -> None:
+    assert not installed(venvs["otel"]) & HEAVY, sorted(installed(venvs["otel"]) & HEAVY)
+    code = (
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "import outbox\n"
+        "with TracerProvider().get_tracer('shop').start_as_current_span('order') as span:\n"
+        "    m = outbox.new_message('orders.placed', {})\n"
+        "print(m.headers['traceparent'].split('-')[1] == format(span.get_span_context().trace_id,"
+        " '032x'))\n"
+    )
+    done = python(venvs["otel"], code)
+    assert done.stdout.strip() == "True", done.stderr
 
 
 def _payloads(conninfo: str) -> list[str]:

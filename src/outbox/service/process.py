@@ -35,7 +35,7 @@ from outbox.service.settings import (
     ServiceSettings,
     kind_settings,
 )
-from outbox.tracing import configure_from_env
+from outbox.tracing import DeliveryTracer
 
 __all__ = ["ForcedExit", "StartupError", "database", "run_relay"]
 
@@ -154,11 +154,13 @@ async def run_relay(
     config: RelayConfig,
     handlers: Mapping[str, Handler],
     checks: Sequence[Callable[[], bool]] = (),
+    tracer: DeliveryTracer | None = None,
 ) -> None:
     """Run one relay process until a signal stops it.
 
     ``checks`` join readiness: each says whether a dependency (the SMTP server)
-    currently takes this relay's deliveries.
+    currently takes this relay's deliveries. ``tracer`` records a span per
+    delivery (outbox.tracing.configure_from_env).
     """
     async with anyio.create_task_group() as tg:
         shutdown = _Shutdown(tg.cancel_scope)
@@ -166,7 +168,7 @@ async def run_relay(
         try:
             async with database(settings) as url:
                 await _check_migrated(url)
-                await _serve(url, settings, config, handlers, shutdown, checks)
+                await _serve(url, settings, config, handlers, shutdown, checks, tracer)
         finally:
             tg.cancel_scope.cancel()
     if shutdown.forced is not None:
@@ -180,6 +182,7 @@ async def _serve(
     handlers: Mapping[str, Handler],
     shutdown: _Shutdown,
     checks: Sequence[Callable[[], bool]] = (),
+    tracer: DeliveryTracer | None = None,
 ) -> None:
     # A short wait for a connection: during an outage every store call fails
     # within seconds (and says so), and SIGTERM is not held up by it.
@@ -200,7 +203,7 @@ async def _serve(
             config,
             kinds=kinds.mapping,
             backlog=settings.backlog_interval,
-            tracer=configure_from_env(),
+            tracer=tracer,
         )
         shutdown.relay = relay
 

@@ -52,13 +52,15 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from outbox.service.process import run_relay
+    from outbox.tracing import configure_from_env
 
     settings = service_settings()
     config = RelayConfig.from_env()
     kind_settings()  # refused here, before anything starts; the process loads them again
     checks: list[Callable[[], bool]] = []
     handlers = _handlers(settings, checks)
-    anyio.run(run_relay, settings, config, handlers, checks)
+    tracer = configure_from_env()  # OTEL_* (refused here, before anything starts)
+    anyio.run(run_relay, settings, config, handlers, checks, tracer)
     return 0
 
 
