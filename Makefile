@@ -46,7 +46,7 @@ manifests: $(STAMP)
 constraints:
 	rm -rf $(VENV)-image
 	$(PYTHON) -m venv $(VENV)-image
-	$(VENV)-image/bin/python -m pip install --quiet --disable-pip-version-check '.[relay,mail,webhook,nats,k8s,otel,binary]'
+	$(VENV)-image/bin/python -m pip install --quiet --disable-pip-version-check '.[relay,mail,webhook,nats,amqp,redis,k8s,otel,binary]'
 	{ sed -n '/^#/p' constraints.txt; $(VENV)-image/bin/python -m pip freeze --exclude outbox-relay; } > constraints.new
 	mv constraints.new constraints.txt
 	rm -rf $(VENV)-image

@@ -1,4 +1,4 @@
-"""Binaries some tests need that only Debian packages provide.
+"""Binaries and servers some tests need that only Debian packages provide.
 
 On a newcomer's machine without them those tests skip, saying what to install;
 CI installs them and sets OUTBOX_TEST_REQUIRE_ALL=1, under which a missing
@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import socket
 from typing import NoReturn
 
 import pytest
@@ -35,6 +36,14 @@ def require_root(what: str) -> None:
     """Skip (or, on CI, fail) unless this process runs as root, which ``what`` needs."""
     if os.geteuid() != 0:
         _missing(f"{what} needs root")
+
+
+def require_service(host: str, port: int, what: str) -> None:
+    """Skip (or, on CI, fail) unless a server answers on ``host:port`` (``what``)."""
+    try:
+        socket.create_connection((host, port), 2).close()
+    except OSError:
+        _missing(f"no {what} answers on {host}:{port} (CI runs one there)")
 
 
 def _missing(reason: str) -> NoReturn:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, Store, new_message
 from outbox.handlers import HandlerKinds
-from outbox.service.settings import NatsSettings, WebhookSettings
+from outbox.service.settings import AmqpSettings, NatsSettings, RedisSettings, WebhookSettings
 from outbox.store import TopicSettings
 from outbox.tracing import DeliveryTracer
 
@@ -27,6 +27,8 @@ class KindRelay:
         *,
         nats: NatsSettings | None = None,
         webhook: WebhookSettings | None = None,
+        amqp: AmqpSettings | None = None,
+        redis: RedisSettings | None = None,
         tracer: DeliveryTracer | None = None,
         **config: Any,
     ) -> None:
@@ -34,7 +36,9 @@ class KindRelay:
         self.payload = payload
         self.now = T0
         self.registry = CollectorRegistry()
-        self.kinds = HandlerKinds(clock=lambda: self.now, nats=nats, webhook=webhook)
+        self.kinds = HandlerKinds(
+            clock=lambda: self.now, nats=nats, webhook=webhook, amqp=amqp, redis=redis
+        )
         self.relay = Relay(
             store,
             {},

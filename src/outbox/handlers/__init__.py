@@ -1,4 +1,5 @@
-"""Generic handler kinds an OutboxTopic can name in spec.handler: log, webhook, nats.
+"""Generic handler kinds an OutboxTopic can name in spec.handler: log, webhook, nats,
+amqp, redis.
 
 A kind builds a handler from the topic's spec.config (raising ValueError for
 a config it cannot use) without any I/O, so the controller can validate a
@@ -13,11 +14,23 @@ from typing import Any
 
 from outbox.clock import Clock, system_clock
 from outbox.handler import BuiltKind, Handler, HandlerKind, Kind
+from outbox.handlers.amqp import KIND as AMQP
 from outbox.handlers.jetstream import KIND as NATS
+from outbox.handlers.streams import KIND as REDIS
 from outbox.handlers.webhook import KIND as WEBHOOK
 from outbox.message import Message
 
-__all__ = ["KINDS", "LOG", "NATS", "WEBHOOK", "HandlerKinds", "LogKind", "log_handler"]
+__all__ = [
+    "AMQP",
+    "KINDS",
+    "LOG",
+    "NATS",
+    "REDIS",
+    "WEBHOOK",
+    "HandlerKinds",
+    "LogKind",
+    "log_handler",
+]
 
 log = logging.getLogger("outbox.handlers.log")
 
@@ -47,7 +60,7 @@ class LogKind:
 
 LOG = Kind(name="log", build=lambda settings, clock: LogKind())
 
-KINDS: tuple[Kind, ...] = (LOG, NATS, WEBHOOK)
+KINDS: tuple[Kind, ...] = (LOG, NATS, WEBHOOK, AMQP, REDIS)
 """Every handler kind an OutboxTopic may name. A new kind is one module that
 declares its Kind, plus its line here (and its CRD field and chart values)."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import SplitResult, unquote, urlsplit
 
-__all__ = ["UrlPrefix", "check_subject", "origin", "parse_url"]
+__all__ = ["UrlPrefix", "check_name", "check_subject", "origin", "parse_url"]
 
 _PORTS = {"http": 80, "https": 443}
 
@@ -104,3 +104,14 @@ def check_subject(subject: str, allow: tuple[str, ...]) -> None:
             return
     if allow:
         raise ValueError(f"subject {subject} is not under OUTBOX_NATS_ALLOW ({', '.join(allow)})")
+
+
+def check_name(what: str, name: str, allow: tuple[str, ...], variable: str) -> None:
+    """Refuse ``name`` (a stream, an exchange) unless ``allow`` is empty or admits it:
+    an entry equal to it, or one ending in * that it starts with."""
+    if not allow:
+        return
+    for entry in allow:
+        if entry == name or (entry.endswith("*") and name.startswith(entry[:-1])):
+            return
+    raise ValueError(f"{what} {name or '(default)'} is not in {variable} ({', '.join(allow)})")

@@ -1,4 +1,5 @@
-"""The handler kinds' own settings (OUTBOX_SMTP_*, OUTBOX_NATS_*, OUTBOX_WEBHOOK_*)."""
+"""The handler kinds' own settings (OUTBOX_SMTP_*, OUTBOX_NATS_*, OUTBOX_WEBHOOK_*,
+OUTBOX_AMQP_*, OUTBOX_REDIS_*)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outbox.handlers.allow import UrlPrefix
 from outbox.settings import ENV_PREFIX, Duration
 
-__all__ = ["NatsSettings", "SmtpSettings", "WebhookSettings", "lower"]
+__all__ = [
+    "AmqpSettings",
+    "NatsSettings",
+    "RedisSettings",
+    "SmtpSettings",
+    "WebhookSettings",
+    "lower",
+]
 
 
 def lower(value: object) -> object:
@@ -163,6 +171,100 @@ class WebhookSettings(BaseSettings):
         return [p.strip() for p in self.allow.split(",") if p.strip()]
 
 
+class RedisSettings(BaseSettings):
+    """The Redis server the redis handler appends to (prefix OUTBOX_REDIS_)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}REDIS_", extra="ignore", frozen=True)
+
+    url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        description=(
+            "Redis URL: redis://host:port/db, or rediss:// for TLS; credentials go in "
+            "OUTBOX_REDIS_USERNAME and OUTBOX_REDIS_PASSWORD, never in the URL."
+        ),
+    )
+    username: str | None = Field(default=None, description="Redis ACL user.")
+    password: SecretStr | None = Field(default=None, description="Redis password (a secret).")
+    ca_file: FilePath | None = Field(
+        default=None, description="PEM file of extra CAs to trust for a rediss:// server."
+    )
+    timeout: Duration = Field(
+        default=dt.timedelta(seconds=5),
+        gt=dt.timedelta(0),
+        description="Longest wait for a connection or a reply.",
+    )
+    allow: str = Field(
+        default="",
+        description=(
+            "Comma-separated streams redis topics may append to; an entry ending in * "
+            "admits every stream it starts (like orders:*). Empty: any stream."
+        ),
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        _schemes(value, ("redis", "rediss"), "redis://127.0.0.1:6379/0")
+        _no_credentials(value, "OUTBOX_REDIS_PASSWORD")
+        return value
+
+    @field_validator("ca_file")
+    @classmethod
+    def _tls_only(cls, value: FilePath | None, info: ValidationInfo) -> FilePath | None:
+        if value is not None and not str(info.data.get("url", "")).startswith("rediss://"):
+            raise ValueError("is for a rediss:// (TLS) OUTBOX_REDIS_URL")
+        return value
+
+    def streams(self) -> tuple[str, ...]:
+        return _names(self.allow)
+
+
+class AmqpSettings(BaseSettings):
+    """The RabbitMQ broker the amqp handler publishes to (prefix OUTBOX_AMQP_)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}AMQP_", extra="ignore", frozen=True)
+
+    url: str = Field(
+        default="amqp://127.0.0.1:5672/",
+        description=(
+            "Broker URL: amqp://host:port/vhost, or amqps:// for TLS; credentials go in "
+            "OUTBOX_AMQP_USERNAME and OUTBOX_AMQP_PASSWORD, never in the URL."
+        ),
+    )
+    username: str | None = Field(default=None, description="Broker user (default: guest).")
+    password: SecretStr | None = Field(
+        default=None, description="Broker password (a secret; default: guest)."
+    )
+    ca_file: FilePath | None = Field(
+        default=None, description="PEM file of extra CAs to trust for an amqps:// broker."
+    )
+    timeout: Duration = Field(
+        default=dt.timedelta(seconds=10),
+        gt=dt.timedelta(0),
+        description="Longest wait for a connection, or for the broker to confirm a publish.",
+    )
+    channels: int = Field(
+        default=8, ge=1, le=256, description="Open channels a relay keeps for publishing."
+    )
+    allow: str = Field(
+        default="",
+        description=(
+            "Comma-separated exchanges amqp topics may publish to; an entry ending in * "
+            "admits every exchange it starts (like orders.*). Empty: any exchange."
+        ),
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        _schemes(value, ("amqp", "amqps"), "amqp://rabbitmq:5672/")
+        _no_credentials(value, "OUTBOX_AMQP_PASSWORD")
+        return value
+
+    def exchanges(self) -> tuple[str, ...]:
+        return _names(self.allow)
+
+
 def _loopback(host: str | None) -> bool:
     if host in (None, "localhost"):
         return True
@@ -184,3 +286,12 @@ def _schemes(value: str, schemes: tuple[str, ...], example: str) -> str:
                 "separate several with commas"
             )
     return value
+
+
+def _no_credentials(value: str, variable: str) -> None:
+    if "@" in value.partition("://")[2].partition("/")[0]:
+        raise ValueError(f"must not carry credentials (user:password@); set {variable}")
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in value.split(",") if n.strip())

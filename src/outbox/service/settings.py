@@ -21,7 +21,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from outbox.durations import format_duration
 from outbox.errors import ConfigError
 from outbox.handlers import KINDS
-from outbox.handlers.settings import NatsSettings, SmtpSettings, WebhookSettings, lower
+from outbox.handlers.settings import (
+    AmqpSettings,
+    NatsSettings,
+    RedisSettings,
+    SmtpSettings,
+    WebhookSettings,
+    lower,
+)
 from outbox.message import validate_topic
 from outbox.relay.config import RelayConfig, RelaySettings
 from outbox.settings import ENV_PREFIX, Duration, config_error, load
@@ -29,9 +36,11 @@ from outbox.settings import ENV_PREFIX, Duration, config_error, load
 __all__ = [
     "ENV_PREFIX",
     "KIND_SETTINGS",
+    "AmqpSettings",
     "ControllerSettings",
     "Duration",
     "NatsSettings",
+    "RedisSettings",
     "RelayConfig",
     "RelaySettings",
     "ServiceSettings",
