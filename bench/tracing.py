@@ -8,7 +8,12 @@ an exporter that drops what it is given, so the figure is the relay's cost, not
 a collector's). Reported: messages per second and the relay process's CPU per
 message (``time.process_time()`` over the drain), and traced over untraced.
 
-    python bench/tracing.py [--database-url URL] [--messages 20000] [--rounds 3]
+With ``--webhook``, the topic is bound to the webhook kind instead, posting
+to a receiver in a process of its own on loopback (which answers 204): a
+delivery that does I/O, where the kind also sends the delivery's
+``traceparent``.
+
+    python bench/tracing.py [--database-url URL] [--messages 20000] [--rounds 3] [--webhook]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -48,11 +55,30 @@ def _sdk() -> Any:
     return provider
 
 
-async def drain(url: str, n: int, provider: Any, traced: bool) -> tuple[float, float]:
+RECEIVER = """
+import sys
+from aiohttp import web
+
+async def hook(request):
+    await request.read()
+    return web.Response(status=204)
+
+app = web.Application()
+app.router.add_post("/hook", hook)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
+async def drain(
+    url: str, n: int, provider: Any, traced: bool, hook: str | None
+) -> tuple[float, float]:
     """(messages per second, CPU µs per message) of one drain."""
     from prometheus_client import CollectorRegistry
 
     from outbox import Message, Relay, RelayConfig
+    from outbox.handlers import HandlerKinds
+    from outbox.handlers.settings import WebhookSettings
+    from outbox.store import TopicSettings
     from outbox.tracing import DeliveryTracer
 
     with provider.get_tracer("bench").start_as_current_span("produce"):
@@ -67,11 +93,16 @@ async def drain(url: str, n: int, provider: Any, traced: bool) -> tuple[float, f
                 if seen == n:
                     done.set()
 
+            kinds = HandlerKinds(webhook=WebhookSettings(allow=hook or ""))
+            if hook:
+                config = {"url": hook}
+                await store.set_topic(TopicSettings(TOPIC, handler="webhook", config=config))
             relay = Relay(
                 store,
-                {TOPIC: noop},
-                RelayConfig.model_validate({"batch": 100}),
+                {} if hook else {TOPIC: noop},
+                RelayConfig.model_validate({"batch": 100, "interval": "50ms"}),
                 registry=CollectorRegistry(),
+                kinds=kinds.mapping,
                 listen=False,
                 backlog=None,
                 tracer=DeliveryTracer(provider) if traced else None,
@@ -79,10 +110,22 @@ async def drain(url: str, n: int, provider: Any, traced: bool) -> tuple[float, f
             started, cpu = time.perf_counter(), time.process_time()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(relay.run)
-                await done.wait()
+                if hook:
+                    while await _left(store):  # noqa: ASYNC110 (a table, not an event)
+                        await anyio.sleep(0.01)
+                else:
+                    await done.wait()
                 took, spent = time.perf_counter() - started, time.process_time() - cpu
                 relay.stop()
+            await kinds.aclose()
     return n / took, spent / n * 1e6
+
+
+async def _left(store: Any) -> int:
+    async with store.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM outbox_messages")
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 def main() -> int:
@@ -95,19 +138,37 @@ def main() -> int:
     )
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--webhook", action="store_true", help="deliver through the webhook kind")
     args = parser.parse_args()
     provider = _sdk()
+    receiver = None
+    hook = None
+    if args.webhook:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
+        hook = f"http://127.0.0.1:{port}/hook"
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
     print("| round | untraced msg/s | traced msg/s | traced / untraced | CPU µs/msg off | on |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
-        off, off_cpu = anyio.run(drain, args.database_url, args.messages, provider, False)
-        on, on_cpu = anyio.run(drain, args.database_url, args.messages, provider, True)
+        off, off_cpu = anyio.run(drain, args.database_url, args.messages, provider, False, hook)
+        on, on_cpu = anyio.run(drain, args.database_url, args.messages, provider, True, hook)
         print(
             f"| {r + 1} | {off:,.0f} | {on:,.0f} | {on / off:.2f}x"
             f" | {off_cpu:.0f} | {on_cpu:.0f} |",
             flush=True,
         )
     provider.shutdown()
+    if receiver is not None:
+        receiver.terminate()
+        receiver.wait(10)
     return 0
 
 

@@ -22,12 +22,11 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.trace import Span, SpanContext, TracerProvider
 
     from outbox.message import Message
 
@@ -42,7 +41,6 @@ __all__ = [
 
 log = logging.getLogger("outbox.tracing")
 
-_FIELDS = ("traceparent", "tracestate")
 SYSTEM = "outbox"
 """``messaging.system`` of the relay's spans."""
 
@@ -55,13 +53,16 @@ def tracing() -> bool:
 def trace_headers() -> dict[str, str]:
     """The current span's ``traceparent`` and ``tracestate`` ({} without a valid span)."""
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    if not trace.get_current_span().get_span_context().is_valid:
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
         return {}
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    return {k: v for k, v in carrier.items() if k in _FIELDS}
+    # W3C Trace Context, as its propagator writes it (formatted here: this runs
+    # for every message added and every delivery sent on).
+    found = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    if ctx.trace_state:
+        found["tracestate"] = ctx.trace_state.to_header()
+    return found
 
 
 def with_trace(headers: Mapping[str, str]) -> dict[str, str]:
@@ -81,18 +82,19 @@ def with_trace(headers: Mapping[str, str]) -> dict[str, str]:
 class DeliverySpan:
     """The span of one delivery; the relay ends it with the outcome."""
 
-    __slots__ = ("span",)
+    __slots__ = ("_otel", "span")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, otel: _Otel) -> None:
         self.span = span
+        self._otel = otel
 
-    @contextmanager
-    def current(self) -> Iterator[None]:
-        """Make the span the current one while the handler runs."""
-        from opentelemetry import trace
+    def enter(self) -> object:
+        """Make the span the current one (while the handler runs); returns the token
+        :meth:`leave` takes."""
+        return self._otel.context.attach(self._otel.trace.set_span_in_context(self.span))
 
-        with trace.use_span(self.span, end_on_exit=False, record_exception=False):
-            yield
+    def leave(self, token: object) -> None:
+        self._otel.context.detach(token)
 
     def exemplar(self) -> dict[str, str] | None:
         """The exemplar labels of the delivery-duration histogram (None: not sampled)."""
@@ -103,38 +105,43 @@ class DeliverySpan:
 
     def end(self, outcome: str, reason: str | None = None) -> None:
         """End the span: ``outcome`` is acked, dropped, retried, buried or interrupted."""
-        from opentelemetry.trace import Status, StatusCode
-
         self.span.set_attribute("outbox.delivery.outcome", outcome)
         if reason is not None:
             # The reason the relay stores as last_error: no payload, no secrets.
             self.span.set_attribute("error.type", reason.split(":", 1)[0][:100])
-            self.span.set_status(Status(StatusCode.ERROR, reason))
+            self.span.set_status(self._otel.Status(self._otel.ERROR, reason))
         self.span.end()
+
+
+class _Otel:
+    """The OpenTelemetry names a delivery uses, imported once (this runs per message)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+
+        self.context = context
+        self.trace = trace
+        self.Status = Status
+        self.ERROR = StatusCode.ERROR
 
 
 class DeliveryTracer:
     """Starts the relay's delivery spans on ``provider`` (None: the global one)."""
 
     def __init__(self, provider: TracerProvider | None = None) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
+        self._otel = otel = _Otel()
         try:
             version = importlib.metadata.version("outbox-relay")
         except importlib.metadata.PackageNotFoundError:
             version = None
-        self._tracer = trace.get_tracer("outbox-relay", version, tracer_provider=provider)
-        self._propagator = TraceContextTextMapPropagator()
+        self._tracer = otel.trace.get_tracer("outbox-relay", version, tracer_provider=provider)
+        self._root = otel.context.Context()
 
     def start(self, m: Message) -> DeliverySpan:
         """A started span for the delivery of ``m`` (its attempt is ``m.attempts``)."""
-        from opentelemetry import context, trace
-
-        producer = None
-        if "traceparent" in m.headers:
-            found = trace.get_current_span(self._propagator.extract(m.headers)).get_span_context()
-            producer = found if found.is_valid else None
+        trace = self._otel.trace
+        producer = _producer(m.headers)
         first = m.attempts <= 1
         span = self._tracer.start_span(
             f"process {m.topic}",
@@ -143,7 +150,7 @@ class DeliveryTracer:
             context=(
                 trace.set_span_in_context(trace.NonRecordingSpan(producer))
                 if producer is not None and first
-                else context.Context()
+                else self._root
             ),
             kind=trace.SpanKind.CONSUMER,
             links=[trace.Link(producer)] if producer is not None and not first else (),
@@ -156,7 +163,37 @@ class DeliveryTracer:
                 "outbox.message.attempt": m.attempts,
             },
         )
-        return DeliverySpan(span)
+        return DeliverySpan(span, self._otel)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _producer(headers: Mapping[str, str]) -> SpanContext | None:
+    """The producer's span context from a W3C ``traceparent`` (None: none, or malformed).
+
+    Parsed here rather than by the propagator: this runs for every delivery.
+    """
+    text = headers.get("traceparent")
+    if text is None or len(text) < 55 or text[2] != "-" or text[35] != "-" or text[52] != "-":
+        return None
+    version, trace_id, span_id, flags = text[:2], text[3:35], text[36:52], text[53:55]
+    if version == "ff" or not _HEX.issuperset(text[:55].replace("-", "")):
+        return None
+    if len(text) > 55 and (version == "00" or text[55] != "-"):
+        return None
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    found = SpanContext(
+        int(trace_id, 16),
+        int(span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(flags, 16) & 0xFF),
+        trace_state=TraceState.from_header([headers["tracestate"]])
+        if "tracestate" in headers
+        else None,
+    )
+    return found if found.is_valid else None
 
 
 def configure_from_env() -> DeliveryTracer | None:

@@ -27,7 +27,7 @@ from outbox.errors import ConfigError
 from outbox.memory import MemoryStore
 from outbox.postgres import add_sync
 from outbox.service.http import ProbeServer
-from outbox.tracing import DeliveryTracer, configure_from_env
+from outbox.tracing import DeliveryTracer, _producer, configure_from_env
 from tests.integration.hooks import SECRET, SECRET_ENV, Hooked, Receiver
 from tests.integration.kinds import TOPIC
 from tests.integration.process import RelayProcess, run_outbox, wait_until
@@ -283,3 +283,38 @@ def _console_spans(log: str) -> list[dict[str, Any]]:
         span, at = decoder.raw_decode(log, at)
         spans.append(span)
     return spans
+
+
+GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "",
+        GOOD[:-1],
+        GOOD.upper(),
+        GOOD + "-extra",  # version 00 is exactly 55 characters
+        "ff" + GOOD[2:],
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+        GOOD.replace("-", "_"),
+        "00-0af7651916cd43dd8448eb211c80319g-b7ad6b7169203331-01",
+    ],
+)
+def test_a_malformed_traceparent_is_no_parent(traceparent: str) -> None:
+    assert _producer({"traceparent": traceparent}) is None
+
+
+def test_a_traceparent_is_read_with_its_tracestate() -> None:
+    found = _producer({"traceparent": GOOD, "tracestate": "vendor=abc,other=1"})
+
+    assert found is not None
+    assert (found.trace_id, found.span_id) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+    )
+    assert found.trace_flags.sampled
+    assert found.is_remote
+    assert dict(found.trace_state) == {"vendor": "abc", "other": "1"}
+    assert _producer({"traceparent": "01" + GOOD[2:] + "-future"}) is not None

@@ -12,7 +12,8 @@ attempt: consumers drop repeats by it), its headers, and ``outbox-topic``,
 consistent-hash exchange, say).
 
 One robust connection per relay reconnects by itself; publishes share a small
-pool of channels. OUTBOX_AMQP_ALLOW narrows the exchanges topics may name.
+set of channels (OUTBOX_AMQP_CHANNELS), many in flight on each.
+OUTBOX_AMQP_ALLOW narrows the exchanges topics may name.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class AmqpKind:
     def __init__(self, settings: AmqpSettings) -> None:
         self.settings = settings
         self._connection: AbstractRobustConnection | None = None
-        self._idle: list[AbstractChannel] = []
+        self._channels: list[AbstractChannel | None] = [None] * settings.channels
+        self._turn = 0
         self._lock: anyio.Lock | None = None
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
@@ -107,25 +109,25 @@ class AmqpKind:
                 raise PermissionError(f"amqp: the relay may not publish to {where}") from None
             except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
                 raise ConnectionError(f"amqp: {where}: {type(exc).__name__}") from None
-            finally:
-                self._release(channel)
 
         return publish
 
     async def _channel(self) -> AbstractChannel:
-        while self._idle:
-            channel = self._idle.pop()
-            if not channel.is_closed:
-                return channel
-        connection = await self._connect()
-        try:
-            return await connection.channel(publisher_confirms=True, on_return_raises=True)
-        except Exception as exc:
-            raise ConnectionError(f"amqp: no channel: {type(exc).__name__}") from None
+        """One of the relay's channels, in turn; a closed one is opened anew.
 
-    def _release(self, channel: AbstractChannel) -> None:
-        if not channel.is_closed and len(self._idle) < self.settings.channels:
-            self._idle.append(channel)
+        Publishes share channels: each awaits its own confirm, so many are in
+        flight on one channel at once, and the broker sees a fixed number.
+        """
+        self._turn = (self._turn + 1) % len(self._channels)
+        channel = self._channels[self._turn]
+        if channel is None or channel.is_closed:
+            connection = await self._connect()
+            try:
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            except Exception as exc:
+                raise ConnectionError(f"amqp: no channel: {type(exc).__name__}") from None
+            self._channels[self._turn] = channel
+        return channel
 
     async def _connect(self) -> AbstractRobustConnection:
         if self._lock is None:
@@ -154,7 +156,7 @@ class AmqpKind:
             return self._connection
 
     async def aclose(self) -> None:
-        self._idle.clear()
+        self._channels = [None] * len(self._channels)
         if self._connection is not None:
             with anyio.move_on_after(5):
                 await self._connection.close()

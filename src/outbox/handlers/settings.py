@@ -244,7 +244,10 @@ class AmqpSettings(BaseSettings):
         description="Longest wait for a connection, or for the broker to confirm a publish.",
     )
     channels: int = Field(
-        default=8, ge=1, le=256, description="Open channels a relay keeps for publishing."
+        default=4,
+        ge=1,
+        le=256,
+        description="Channels a relay publishes on (many publishes in flight on each).",
     )
     allow: str = Field(
         default="",

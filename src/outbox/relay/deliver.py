@@ -138,8 +138,11 @@ class Delivering:
             if span is None:
                 await route.handler(m)
             else:
-                with span.current():
+                token = span.enter()
+                try:
                     await route.handler(m)
+                finally:
+                    span.leave(token)
         except Permanent as exc:
             self._decide(held)
             outcome, reason = "buried", f"permanent: {exc.reason}"
