@@ -60,6 +60,9 @@ class Kind:
     """The OutboxTopic field that carries its config (spec.<spec_field>)."""
     spec_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """That field's names (camelCase, as in the CRD) -> the config's keys."""
+    topic_fields: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """OutboxTopic fields at the top of the spec (camelCase) the kind takes into
+    its config too -> the config's keys (spec.cloudEvents, say)."""
     extra: str | None = None
     """The pip extra that installs what it needs (None: the relay's own)."""
     modules: tuple[str, ...] = ()

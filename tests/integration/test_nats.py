@@ -84,8 +84,8 @@ class Publisher(KindRelay):
         settings = NatsSettings.model_validate({"url": url, "connect_timeout": "500ms"})
         super().__init__(store, {"order": 7}, nats=settings, **config)
 
-    async def bind(self, subject: str = "orders.placed") -> None:
-        await self.bind_kind("nats", {"subject": subject})
+    async def bind(self, subject: str = "orders.placed", **extra: Any) -> None:
+        await self.bind_kind("nats", {"subject": subject, **extra})
 
 
 @pytest.fixture
@@ -116,6 +116,25 @@ async def test_message_lands_once_with_its_headers_even_when_published_twice(
     assert stored.headers["Nats-Msg-Id"] == str(m.id)
     assert stored.headers["Outbox-Topic"] == TOPIC
     assert stored.headers["x-tenant"] == "acme"
+
+
+async def test_a_cloudevents_topic_publishes_the_attributes_as_ce_headers(
+    publisher: Publisher, orders: Any
+) -> None:
+    await publisher.bind(cloudEvents=True)
+    m = await publisher.add()
+
+    assert await publisher.relay.drain() == 1
+
+    stored = await orders.get_msg("ORDERS", seq=1)
+    assert {k: v for k, v in stored.headers.items() if k.startswith("ce-")} == {
+        "ce-specversion": "1.0",
+        "ce-id": str(m.id),
+        "ce-source": f"/outbox/topics/{TOPIC}",
+        "ce-type": TOPIC,
+        "ce-time": m.created_at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+    assert stored.headers["Nats-Msg-Id"] == str(m.id)
 
 
 async def test_server_down_is_retried_and_delivered_when_it_returns(

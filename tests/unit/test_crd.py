@@ -166,3 +166,28 @@ def test_ordering_reaches_the_registry_entry() -> None:
     assert entry({}).on_buried is None
     with pytest.raises(InvalidSpec, match="onBuried"):
         entry({"ordering": {"onBuried": "sometimes"}})
+
+
+def test_cloud_events_reach_the_config_of_the_kinds_that_send_them() -> None:
+    import datetime as dt
+
+    from outbox.controller.reconcile import InvalidSpec, desired
+    from outbox.handlers import HandlerKinds
+
+    def entry(spec: dict[str, Any]) -> Any:
+        return desired(
+            {"topic": "orders.events", **spec}, lease=dt.timedelta(minutes=2),
+            builtin_topics=frozenset(), kinds=HandlerKinds().mapping,
+        )  # fmt: skip
+
+    nats = {"handler": "nats", "nats": {"subject": "orders.events"}}
+    assert entry({**nats, "cloudEvents": True}).config == {
+        "subject": "orders.events",
+        "cloud_events": True,
+    }
+    assert entry({**nats, "cloudEvents": False}).config == {"subject": "orders.events"}
+    amqp = {"handler": "amqp", "amqp": {"exchange": "orders"}, "cloudEvents": True}
+    assert entry(amqp).config == {"exchange": "orders", "cloud_events": True}
+    for handler in ({"handler": "log"}, {"handler": "redis", "redis": {"stream": "o"}}, {}):
+        with pytest.raises(InvalidSpec, match=r"spec\.cloudEvents goes with handler nats, webhook"):
+            entry({**handler, "cloudEvents": True})

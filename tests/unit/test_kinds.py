@@ -82,8 +82,13 @@ def test_a_kinds_topic_field_is_in_the_crd_with_explain_text(kind: Kind) -> None
     assert set(properties) == set(kind.spec_names), "the CRD and the kind name different fields"
     for camel in kind.spec_names:
         assert properties[camel].get("description"), f"spec.{kind.spec_field}.{camel}"
-    # Every name maps to a field of the kind's config, and every config field has a name.
-    assert set(kind.spec_names.values()) == set(kind.config.model_fields)
+    # Every name maps to a field of the kind's config, and every config field has a
+    # name, in spec.<field> or at the top of the spec (spec.cloudEvents).
+    assert set(kind.spec_names.values()) | set(kind.topic_fields.values()) == set(
+        kind.config.model_fields
+    )
+    for camel in kind.topic_fields:
+        assert SPEC["properties"][camel].get("description"), f"spec.{camel}"
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.extra], ids=lambda k: k.name)

@@ -18,7 +18,7 @@ from typing import Any
 from outbox.controller.grants import NO_GRANTS, Grants
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import OutboxError
-from outbox.handler import HandlerKind
+from outbox.handler import HandlerKind, Kind
 from outbox.handlers import KINDS
 from outbox.handlers.registry import EntryError, check_entry
 from outbox.message import validate_topic
@@ -116,12 +116,29 @@ def _handler_config(spec: Mapping[str, Any], handler: str | None) -> dict[str, A
     if not isinstance(legacy, dict):
         raise InvalidSpec("spec.config must be an object")
     kind = next((k for k in KINDS if k.name == handler and k.spec_field), None)
+    shared = _topic_fields(spec, kind)
     typed = None if kind is None or kind.spec_field is None else spec.get(kind.spec_field)
     if kind is None or typed is None:
-        return legacy
+        return {**legacy, **shared}
     if not isinstance(typed, dict):
         raise InvalidSpec(f"spec.{kind.spec_field} must be an object")
-    return kind.config_of(typed)
+    return {**kind.config_of(typed), **shared}
+
+
+def _topic_fields(spec: Mapping[str, Any], kind: Kind | None) -> dict[str, Any]:
+    """The spec's top-level fields ``kind`` takes into its config (spec.cloudEvents),
+    or InvalidSpec for one set on a kind that has no such field."""
+    taken: dict[str, Any] = {}
+    for other in KINDS:
+        for name in other.topic_fields:
+            value = spec.get(name)
+            if value in (None, False) or name in taken:
+                continue
+            if kind is None or name not in kind.topic_fields:
+                users = ", ".join(k.name for k in KINDS if name in k.topic_fields)
+                raise InvalidSpec(f"spec.{name} goes with handler {users}")
+            taken[name] = value
+    return {kind.topic_fields[name]: value for name, value in taken.items()} if kind else {}
 
 
 class Outcome:

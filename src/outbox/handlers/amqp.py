@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from outbox.clock import Clock
 from outbox.handler import Handler, Kind
 from outbox.handlers.allow import check_name
+from outbox.handlers.cloudevents import amqp_properties
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import AmqpSettings
 from outbox.message import Message
@@ -47,6 +48,7 @@ class AmqpConfig(BaseModel):
     exchange: str = Field(pattern=r"^[A-Za-z0-9._:\-]*$", max_length=255)
     routing_key: str | None = Field(default=None, alias="routingKey", max_length=255)
     ordering_key: Literal["header", "routingKey"] = Field(default="header", alias="orderingKey")
+    cloud_events: bool = Field(default=False, alias="cloudEvents")
 
 
 class AmqpKind:
@@ -72,6 +74,8 @@ class AmqpKind:
 
         async def publish(m: Message) -> None:
             headers: dict[str, Any] = dict(with_trace(m.headers) if tracing() else m.headers)
+            if cfg.cloud_events:
+                headers.update(amqp_properties(m))
             headers["outbox-topic"] = m.topic
             headers["outbox-attempt"] = m.attempts
             routing_key = cfg.routing_key if cfg.routing_key is not None else m.topic
@@ -175,6 +179,7 @@ KIND = Kind(
     config=AmqpConfig,
     spec_field="amqp",
     spec_names={"exchange": "exchange", "routingKey": "routing_key", "orderingKey": "ordering_key"},
+    topic_fields={"cloudEvents": "cloud_events"},
     extra="amqp",
     modules=("aio_pika", "aiormq", "pamqp"),
 )

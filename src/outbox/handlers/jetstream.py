@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from outbox.clock import Clock
 from outbox.handler import Handler, Kind
 from outbox.handlers.allow import check_subject
+from outbox.handlers.cloudevents import ce_headers
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import NatsSettings
 from outbox.message import Message
@@ -36,9 +37,10 @@ __all__ = ["KIND", "NatsConfig", "NatsKind"]
 class NatsConfig(BaseModel):
     """spec.config of a nats OutboxTopic."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     subject: str = Field(pattern=r"^[^\s*>]+$", max_length=255)
+    cloud_events: bool = Field(default=False, alias="cloudEvents")
 
 
 class NatsKind:
@@ -64,6 +66,7 @@ class NatsKind:
             js = await self._jetstream()
             headers = {
                 **(with_trace(m.headers) if tracing() else m.headers),
+                **(ce_headers(m) if cfg.cloud_events else {}),
                 "Nats-Msg-Id": str(m.id),
                 "Outbox-Topic": m.topic,
                 "Outbox-Attempt": str(m.attempts),
@@ -118,6 +121,7 @@ KIND = Kind(
     config=NatsConfig,
     spec_field="nats",
     spec_names={"subject": "subject"},
+    topic_fields={"cloudEvents": "cloud_events"},
     extra="nats",
     modules=("nats",),
 )

@@ -31,6 +31,7 @@ from outbox.clock import Clock
 from outbox.errors import Permanent, RetryAfter
 from outbox.handler import Handler, Kind
 from outbox.handlers.allow import UrlPrefix, origin, parse_url
+from outbox.handlers.cloudevents import ce_headers
 from outbox.handlers.config import parse_config
 from outbox.handlers.settings import WebhookSettings
 from outbox.headers import check_header
@@ -51,13 +52,14 @@ _MAX_RETRY_AFTER = dt.timedelta(hours=1)
 class WebhookConfig(BaseModel):
     """spec.config of a webhook OutboxTopic."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     url: str = Field(max_length=2048)
     secret_env: str | None = Field(
         default=None, pattern=rf"^{SECRET_PREFIX}[A-Z0-9_]+$", max_length=200
     )
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    cloud_events: bool = Field(default=False, alias="cloudEvents")
 
     @field_validator("url")
     @classmethod
@@ -126,6 +128,8 @@ class WebhookKind:
             # case-insensitive, so a later one replaces an earlier one.
             headers = CIMultiDict(with_trace(m.headers) if tracing() else m.headers)
             headers.update(cfg.headers)
+            if cfg.cloud_events:
+                headers.update(ce_headers(m))
             headers.update(
                 {
                     "Content-Type": "application/json",
@@ -192,5 +196,6 @@ KIND = Kind(
     config=WebhookConfig,
     spec_field="webhook",
     spec_names={"url": "url", "secretEnv": "secret_env", "headers": "headers"},
+    topic_fields={"cloudEvents": "cloud_events"},
 )
 """The webhook kind (aiohttp comes with the relay)."""
