@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ from outbox.tracing import DeliveryTracer, _producer, configure_from_env
 from tests.integration.hooks import SECRET, SECRET_ENV, Hooked, Receiver
 from tests.integration.kinds import TOPIC
 from tests.integration.process import RelayProcess, run_outbox, wait_until
+from tests.tools import require_service
 
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
 
@@ -318,3 +320,52 @@ def test_a_traceparent_is_read_with_its_tracestate() -> None:
     assert found.is_remote
     assert dict(found.trace_state) == {"vendor": "abc", "other": "1"}
     assert _producer({"traceparent": "01" + GOOD[2:] + "-future"}) is not None
+
+
+async def test_the_redis_and_amqp_kinds_send_the_deliverys_context_on(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    import aio_pika
+    import redis.asyncio
+
+    from tests.integration import test_amqp, test_redis
+
+    require_service("127.0.0.1", 6379, "Redis")
+    require_service("127.0.0.1", 5672, "RabbitMQ")
+    sdk, exported = provider
+    name = f"outbox-test-{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect_robust(test_amqp.URL)
+    channel = await connection.channel()
+    exchange = await channel.declare_exchange(name, aio_pika.ExchangeType.FANOUT)
+    queue = await channel.declare_queue(name, exclusive=True)
+    await queue.bind(exchange)
+    client = redis.asyncio.Redis.from_url(test_redis.CI_REDIS)
+    try:
+        appender = test_redis.Appender(
+            MemoryStore(), test_redis.CI_REDIS, tracer=DeliveryTracer(sdk)
+        )
+        await appender.bind(name)
+        publisher = test_amqp.Publisher(MemoryStore(), tracer=DeliveryTracer(sdk))
+        await publisher.bind(name)
+        with sdk.get_tracer("shop").start_as_current_span("place order") as producing:
+            await appender.add()
+            await publisher.add()
+        assert await appender.relay.drain() == 1
+        assert await publisher.relay.drain() == 1
+        await appender.kinds.aclose()
+        await publisher.kinds.aclose()
+        [fields] = await test_redis.entries(test_redis.CI_REDIS, name)
+        published = await queue.get(timeout=5)
+        await published.ack()
+    finally:
+        await client.delete(name)
+        await client.aclose()
+        await channel.exchange_delete(name)
+        await connection.close()
+
+    producer = producing.get_span_context()
+    by_span = {s.context.span_id: s for s in deliveries(exported)}
+    for headers in (json.loads(fields["headers"]), dict(published.headers or {})):
+        trace_id, parent = sent_context({k: str(v) for k, v in headers.items()})
+        assert trace_id == producer.trace_id
+        assert parent in by_span, "the context sent on is the delivery's span"
