@@ -71,6 +71,14 @@ async def stored(url: str, keys: list[str | None], pool_size: int) -> AsyncItera
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
+async def left(store: Any) -> int:
+    """Messages left in ``store``'s table (for drains whose handlers are the relay's own)."""
+    async with store.pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM outbox_messages")
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
     from prometheus_client import CollectorRegistry
 

@@ -31,7 +31,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keys import TOPIC, stored
+from keys import TOPIC, left, stored
+from server import listening
 
 AMQP = "amqp://127.0.0.1:5672/"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -87,19 +88,12 @@ async def drain(url: str, n: int, kind: str | None, nats_url: str) -> float:
             if kind is None:
                 await done.wait()
             else:  # the kinds' handlers are the relay's own: wait for an empty table
-                while await _left(store):  # noqa: ASYNC110 (a table, not an event)
+                while await left(store):  # noqa: ASYNC110 (a table, not an event)
                     await anyio.sleep(0.02)
             took = time.perf_counter() - started
             relay.stop()
         await kinds.aclose()
         return n / took
-
-
-async def _left(store: Any) -> int:
-    async with store.pool.connection() as conn:
-        cur = await conn.execute("SELECT count(*) FROM outbox_messages")
-        row = await cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 async def _brokers(nats_url: str) -> None:
@@ -141,12 +135,7 @@ def _nats_server(folder: str) -> tuple[subprocess.Popen[bytes], str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
+    listening(port)
     return proc, f"nats://127.0.0.1:{port}"
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,3 +26,16 @@ def postgres(url: str | None) -> Iterator[str]:
             yield server.start()
         finally:
             server.stop()
+
+
+def listening(port: int, timeout: float = 10) -> None:
+    """Return once something accepts connections on 127.0.0.1:``port``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)

@@ -35,7 +35,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keys import TOPIC, stored
+from keys import TOPIC, left, stored
+from server import listening
 
 
 def _sdk() -> Any:
@@ -111,7 +112,7 @@ async def drain(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(relay.run)
                 if hook:
-                    while await _left(store):  # noqa: ASYNC110 (a table, not an event)
+                    while await left(store):  # noqa: ASYNC110 (a table, not an event)
                         await anyio.sleep(0.01)
                 else:
                     await done.wait()
@@ -119,13 +120,6 @@ async def drain(
                 relay.stop()
             await kinds.aclose()
     return n / took, spent / n * 1e6
-
-
-async def _left(store: Any) -> int:
-    async with store.pool.connection() as conn:
-        cur = await conn.execute("SELECT count(*) FROM outbox_messages")
-        row = await cur.fetchone()
-    return int(row[0]) if row else 0
 
 
 def main() -> int:
@@ -149,12 +143,7 @@ def main() -> int:
             port = s.getsockname()[1]
         receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
         hook = f"http://127.0.0.1:{port}/hook"
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        listening(port)
     print("| round | untraced msg/s | traced msg/s | traced / untraced | CPU µs/msg off | on |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):

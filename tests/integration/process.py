@@ -67,6 +67,20 @@ def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30) ->
         time.sleep(0.05)
 
 
+def listening(port: int, what: str, timeout: float = 10) -> None:
+    """Return once something accepts connections on 127.0.0.1:``port`` (a server
+    a test started), or AssertionError naming ``what``."""
+
+    def accepts() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+        except OSError:
+            return False
+        return True
+
+    wait_until(f"{what} to listen on port {port}", accepts, timeout)
+
+
 class RelayProcess:
     """``outbox relay`` in a subprocess, its logs in a file, its HTTP port known."""
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
 from outbox.service.settings import NatsSettings
 from tests.integration.kinds import TOPIC, KindRelay
-from tests.integration.process import free_port
+from tests.integration.process import free_port, listening
 
 BINARY = Path(sys.executable).parent / "nats-server"
 
@@ -42,14 +40,7 @@ class NatsServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise AssertionError("nats-server did not start")
+        listening(self.port, "nats-server")
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -3,9 +3,7 @@ own where the server must restart."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from outbox.memory import MemoryStore
 from outbox.service.settings import RedisSettings
 from outbox.settings import load
 from tests.integration.kinds import TOPIC, KindRelay
-from tests.integration.process import free_port
+from tests.integration.process import free_port, listening
 from tests.tools import require, require_service
 
 CI_REDIS = "redis://127.0.0.1:6379/0"
@@ -48,14 +46,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise AssertionError("redis-server did not start")
+        listening(self.port, "redis-server")
 
     def stop(self) -> None:
         if self.proc is not None:
