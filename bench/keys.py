@@ -22,8 +22,6 @@ Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 import uuid
@@ -35,6 +33,8 @@ from typing import Any
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from server import local_arguments
 
 TOPIC = "bench.keys"
 
@@ -152,13 +152,7 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get(
-            "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    parser = local_arguments(__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--hot", type=int, default=2_000)

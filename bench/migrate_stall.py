@@ -17,7 +17,6 @@ Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(REPO), str(REPO / "src"), str(BENCH)]
 
 from pipeline import export  # noqa: E402
+from server import local_arguments  # noqa: E402
 
 BASELINE = "35a5a1d^"
 
@@ -79,13 +79,7 @@ def run(src: Path, url: str, rows: int, producers: int, hold: float) -> dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get(
-            "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    parser = local_arguments(__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--hold", type=float, default=3.0)

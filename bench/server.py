@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import tempfile
@@ -39,3 +40,16 @@ def listening(port: int, timeout: float = 10) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+LOCAL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def local_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """A bench's parser, described by its docstring's first paragraph, with
+    --database-url (default: OUTBOX_BENCH_DATABASE_URL, else the local PostgreSQL)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument(
+        "--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL", LOCAL)
+    )
+    return parser

@@ -20,8 +20,6 @@ Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -36,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from keys import TOPIC, left, stored
-from server import listening
+from server import listening, local_arguments
 
 
 def _sdk() -> Any:
@@ -123,13 +121,7 @@ async def drain(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get(
-            "OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    parser = local_arguments(__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--webhook", action="store_true", help="deliver through the webhook kind")

@@ -81,6 +81,34 @@ def listening(port: int, what: str, timeout: float = 10) -> None:
     wait_until(f"{what} to listen on port {port}", accepts, timeout)
 
 
+class LocalServer:
+    """A server process a test starts on a loopback port of its own, its data (if
+    any) in ``folder``; a subclass says how to run it (``command()``) and its URL."""
+
+    name = "server"
+
+    def __init__(self, folder: Path) -> None:
+        self.port = free_port()
+        self.folder = folder
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        listening(self.port, self.name)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop it (SIGKILL: as a crash would)."""
+        if self.proc is not None:
+            self.proc.send_signal(signum)
+            self.proc.wait(10)
+            self.proc = None
+
+
 class RelayProcess:
     """``outbox relay`` in a subprocess, its logs in a file, its HTTP port known."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,36 +16,23 @@ from outbox.handlers import HandlerKinds
 from outbox.memory import MemoryStore
 from outbox.service.settings import NatsSettings
 from tests.integration.kinds import TOPIC, KindRelay
-from tests.integration.process import free_port, listening
+from tests.integration.process import LocalServer
 
 BINARY = Path(sys.executable).parent / "nats-server"
 
 
-class NatsServer:
+class NatsServer(LocalServer):
     """A nats-server with JetStream on a loopback port, its data in a folder."""
 
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.folder = folder
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "nats-server"
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [str(BINARY), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        listening(self.port, "nats-server")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
+    def command(self) -> list[str]:
+        return [str(BINARY), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
+                str(self.folder)]  # fmt: skip
 
 
 @pytest.fixture

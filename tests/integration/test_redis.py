@@ -3,7 +3,7 @@ own where the server must restart."""
 
 from __future__ import annotations
 
-import subprocess
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,39 +20,25 @@ from outbox.memory import MemoryStore
 from outbox.service.settings import RedisSettings
 from outbox.settings import load
 from tests.integration.kinds import TOPIC, KindRelay
-from tests.integration.process import free_port, listening
+from tests.integration.process import LocalServer
 from tests.tools import require, require_service
 
 CI_REDIS = "redis://127.0.0.1:6379/0"
 
 
-class RedisServer:
+class RedisServer(LocalServer):
     """A redis-server of the test's own on a loopback port, keeping nothing on disk."""
 
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.folder = folder
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "redis-server"
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        binary = require("redis-server", "redis-server")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        listening(self.port, "redis-server")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
+    def command(self) -> list[str]:
+        return [require("redis-server", "redis-server"), "--port", str(self.port),
+                "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(self.folder)]  # fmt: skip
 
 
 class Appender(KindRelay):
@@ -138,7 +124,7 @@ async def test_a_redis_restart_is_retried_and_nothing_is_lost(server: RedisServe
     first = await a.add()
     assert await a.relay.drain() == 1
 
-    server.stop()
+    server.stop(signal.SIGKILL)
     second = await a.add()
     await a.relay.drain()
     state = await a.store.get(second.id)
