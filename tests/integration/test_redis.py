@@ -203,3 +203,13 @@ def test_the_resource_and_the_cli_spell_the_config_alike() -> None:
     spec = {"stream": "orders", "maxLen": 100}  # spec.redis, and --config
 
     assert RedisConfig.model_validate(KIND.config_of(spec)) == RedisConfig.model_validate(spec)
+
+
+def test_a_ca_file_is_for_a_tls_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read here")
+    monkeypatch.setenv("OUTBOX_REDIS_CA_FILE", str(ca))
+    with pytest.raises(ConfigError, match=r"OUTBOX_REDIS_CA_FILE: is for a rediss://"):
+        load(RedisSettings)
+    monkeypatch.setenv("OUTBOX_REDIS_URL", "rediss://cache:6380/0")
+    assert load(RedisSettings).ca_file == ca

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BeforeValidator,
@@ -171,10 +171,46 @@ class WebhookSettings(BaseSettings):
         return [p.strip() for p in self.allow.split(",") if p.strip()]
 
 
-class RedisSettings(BaseSettings):
+class _Broker(BaseSettings):
+    """What the broker kinds' settings share: a URL without credentials (``SCHEMES``:
+    the plain scheme, then the TLS one), a login, extra CAs for TLS."""
+
+    SCHEMES: ClassVar[tuple[str, str]]
+
+    url: str
+    username: str | None = Field(
+        default=None, description="User the relay logs in as (amqp: guest when unset)."
+    )
+    password: SecretStr | None = Field(default=None, description="That user's password (a secret).")
+    ca_file: FilePath | None = Field(
+        default=None, description="PEM file of extra CAs to trust, for a TLS URL."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        _schemes(value, cls.SCHEMES, f"{cls.SCHEMES[0]}://host")
+        if "@" in value.partition("://")[2].partition("/")[0]:
+            prefix = cls.model_config.get("env_prefix", "")
+            raise ValueError(f"must not carry credentials (user:password@); set {prefix}PASSWORD")
+        return value
+
+    @field_validator("ca_file")
+    @classmethod
+    def _tls_only(cls, value: FilePath | None, info: ValidationInfo) -> FilePath | None:
+        # url comes first (the base class declares it), so it is in info.data.
+        tls = cls.SCHEMES[1]
+        if value is not None and not str(info.data.get("url", "")).startswith(f"{tls}://"):
+            prefix = cls.model_config.get("env_prefix", "")
+            raise ValueError(f"is for a {tls}:// (TLS) {prefix}URL")
+        return value
+
+
+class RedisSettings(_Broker):
     """The Redis server the redis handler appends to (prefix OUTBOX_REDIS_)."""
 
     model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}REDIS_", extra="ignore", frozen=True)
+    SCHEMES = ("redis", "rediss")
 
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
@@ -182,11 +218,6 @@ class RedisSettings(BaseSettings):
             "Redis URL: redis://host:port/db, or rediss:// for TLS; credentials go in "
             "OUTBOX_REDIS_USERNAME and OUTBOX_REDIS_PASSWORD, never in the URL."
         ),
-    )
-    username: str | None = Field(default=None, description="Redis ACL user.")
-    password: SecretStr | None = Field(default=None, description="Redis password (a secret).")
-    ca_file: FilePath | None = Field(
-        default=None, description="PEM file of extra CAs to trust for a rediss:// server."
     )
     timeout: Duration = Field(
         default=dt.timedelta(seconds=5),
@@ -201,28 +232,15 @@ class RedisSettings(BaseSettings):
         ),
     )
 
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        _schemes(value, ("redis", "rediss"), "redis://127.0.0.1:6379/0")
-        _no_credentials(value, "OUTBOX_REDIS_PASSWORD")
-        return value
-
-    @field_validator("ca_file")
-    @classmethod
-    def _tls_only(cls, value: FilePath | None, info: ValidationInfo) -> FilePath | None:
-        if value is not None and not str(info.data.get("url", "")).startswith("rediss://"):
-            raise ValueError("is for a rediss:// (TLS) OUTBOX_REDIS_URL")
-        return value
-
     def streams(self) -> tuple[str, ...]:
         return _names(self.allow)
 
 
-class AmqpSettings(BaseSettings):
+class AmqpSettings(_Broker):
     """The RabbitMQ broker the amqp handler publishes to (prefix OUTBOX_AMQP_)."""
 
     model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}AMQP_", extra="ignore", frozen=True)
+    SCHEMES = ("amqp", "amqps")
 
     url: str = Field(
         default="amqp://127.0.0.1:5672/",
@@ -230,13 +248,6 @@ class AmqpSettings(BaseSettings):
             "Broker URL: amqp://host:port/vhost, or amqps:// for TLS; credentials go in "
             "OUTBOX_AMQP_USERNAME and OUTBOX_AMQP_PASSWORD, never in the URL."
         ),
-    )
-    username: str | None = Field(default=None, description="Broker user (default: guest).")
-    password: SecretStr | None = Field(
-        default=None, description="Broker password (a secret; default: guest)."
-    )
-    ca_file: FilePath | None = Field(
-        default=None, description="PEM file of extra CAs to trust for an amqps:// broker."
     )
     timeout: Duration = Field(
         default=dt.timedelta(seconds=10),
@@ -256,13 +267,6 @@ class AmqpSettings(BaseSettings):
             "admits every exchange it starts (like orders.*). Empty: any exchange."
         ),
     )
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        _schemes(value, ("amqp", "amqps"), "amqp://rabbitmq:5672/")
-        _no_credentials(value, "OUTBOX_AMQP_PASSWORD")
-        return value
 
     def exchanges(self) -> tuple[str, ...]:
         return _names(self.allow)
@@ -289,11 +293,6 @@ def _schemes(value: str, schemes: tuple[str, ...], example: str) -> str:
                 "separate several with commas"
             )
     return value
-
-
-def _no_credentials(value: str, variable: str) -> None:
-    if "@" in value.partition("://")[2].partition("/")[0]:
-        raise ValueError(f"must not carry credentials (user:password@); set {variable}")
 
 
 def _names(value: str) -> tuple[str, ...]:
