@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import collections
 import functools
+import io
 import itertools
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -18,7 +23,7 @@ import pytest
 from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
-from tests.integration.process import RelayProcess, count, query, run_outbox, wait_until
+from tests.integration.process import REPO, RelayProcess, count, query, run_outbox, wait_until
 from tests.tools import require_library
 
 KEYS, PER_KEY = 60, 25
@@ -284,3 +289,62 @@ def test_a_relay_that_lacks_the_keyed_handler_leaves_its_keys_to_the_one_that_ha
 def _started(record: Path, n: int) -> bool:
     """At least ``n`` handler starts are recorded."""
     return len(starts(record)) >= n
+
+
+PREVIOUS = "5772755"
+"""The last commit before message headers: its claim returns other columns and
+knows no `headers` column, the shape of a relay a rolling upgrade leaves behind."""
+
+
+@pytest.fixture(scope="module")
+def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PREVIOUS's src/, exported from this checkout's git history."""
+    into = tmp_path_factory.mktemp("previous")
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS, "src"],
+        capture_output=True,
+        check=False,
+    )
+    assert archive.returncode == 0, f"git archive {PREVIOUS}: {archive.stderr.decode()[-300:]}"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    # What a relay started with it on PYTHONPATH imports: the release without headers.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import outbox.headers"],
+        env={**os.environ, "PYTHONPATH": str(into / "src")},
+        capture_output=True,
+        check=False,
+    )
+    assert b"No module named 'outbox.headers'" in probe.stderr, probe.stderr
+    return into / "src"
+
+
+def test_keys_stay_in_order_across_a_fleet_of_two_versions_killed_mid_backlog(
+    db: str, relays: list[RelayProcess], tmp_path: Path, previous_release: Path
+) -> None:
+    record = tmp_path / "starts"
+    settings = {"OUTBOX_TIMEOUT": "4s", "OUTBOX_LEASE": "5s", "RECORDING_DELAY": "0.002"}
+    # The previous release imports its own package first, the tests' handler after.
+    older = {"PYTHONPATH": os.pathsep.join([str(previous_release), str(REPO)])}
+
+    def start(version: dict[str, str]) -> RelayProcess:
+        relay = _keyed_relay(relays, tmp_path, db, **settings, **version)
+        relay.wait_ready()
+        return relay
+
+    live = [start(older), start({}), start(older)]
+    with psycopg.connect(db) as conn, conn.transaction():  # headers the old relay never reads
+        add_sync(conn, new_message(recording.KEYED, {"n": 0}, key="h", headers={"x-a": "b"}))
+    total = 1 + _add_keyed(db, KEYS, 20)
+    for after, version in ((300, {}), (700, older)):
+        wait_until(f"{after} starts", functools.partial(_started, record, after), timeout=90)
+        victim = live.pop(0)
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
+        live.append(start(version))
+    _drained(db, timeout=120)
+
+    seen = starts(record)
+    _assert_in_order_and_complete(seen, total)
+    pids = {pid for _, _, pid, _, _ in _records(record)}
+    assert {relays[0].pid, relays[1].pid} <= pids, "both versions delivered"
