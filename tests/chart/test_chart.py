@@ -363,6 +363,30 @@ def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -
         render({"relay": {"concurrency": 0}})
 
 
+def test_the_allow_lists_reach_the_relays_and_the_controller() -> None:
+    values = {
+        "webhook": {"allow": ["https://billing.internal/hooks"]},
+        "nats": {"allow": ["orders", "billing.events"]},
+        "amqp": {"allow": ["orders", "billing.*"]},
+        "redis": {"allow": ["orders", "audit:*"]},
+    }
+    pods = {
+        d["metadata"]["name"]: {
+            e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        for d in by_kind(documents(render(values)), "Deployment")
+    }
+    expected = {
+        "OUTBOX_WEBHOOK_ALLOW": "https://billing.internal/hooks",
+        "OUTBOX_NATS_ALLOW": "orders,billing.events",
+        "OUTBOX_AMQP_ALLOW": "orders,billing.*",
+        "OUTBOX_REDIS_ALLOW": "orders,audit:*",
+    }
+    # The controller marks a topic outside them Invalid, as the relays would refuse it.
+    for name in ("outbox-outbox-relay", "outbox-outbox-relay-controller"):
+        assert {k: v for k, v in pods[name].items() if k.endswith("_ALLOW")} == expected, name
+
+
 def test_tracing_gives_the_relays_the_standard_otel_variables() -> None:
     def relay_env(values: dict[str, Any]) -> list[dict[str, Any]]:
         [relay] = [

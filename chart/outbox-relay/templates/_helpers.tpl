@@ -111,6 +111,18 @@ rights the relays never need) when migrations.existingSecret names them.
 - name: OUTBOX_WEBHOOK_ALLOW
   value: {{ join "," . | quote }}
 {{- end }}
+{{- with .Values.nats.allow }}
+- name: OUTBOX_NATS_ALLOW
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with .Values.amqp.allow }}
+- name: OUTBOX_AMQP_ALLOW
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with .Values.redis.allow }}
+- name: OUTBOX_REDIS_ALLOW
+  value: {{ join "," . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "outbox-relay.podSecurity" -}}
