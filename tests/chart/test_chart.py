@@ -44,6 +44,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "database": {"existingSecret": "pg-url", "secretKey": "dsn"},
         "smtp": {"enabled": True, "host": "smtp.example.com", "existingSecret": "smtp-login"},
         "nats": {"url": "nats://nats:4222", "user": "relay", "existingSecret": "nats-login"},
+        "amqp": {"url": "amqps://rabbitmq:5671/", "username": "relay", "existingSecret": "mq"},
+        "redis": {"url": "rediss://cache:6380/0", "username": "relay", "existingSecret": "cache"},
         "relay": {
             "extraEnv": [
                 {
