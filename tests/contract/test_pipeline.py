@@ -26,14 +26,15 @@ from outbox import (
 )
 from outbox.store import TopicSettings
 from tests.clock import T0
+from tests.relay import Harness
 
 
 class Crash(BaseException):
     """Stands for the relay process dying inside a handler: nothing after it runs."""
 
 
-class Bench:
-    """A relay over ``store`` with handlers by topic and an injected clock."""
+class Bench(Harness):
+    """A relay over ``store`` with handlers by topic, polling every 10 ms."""
 
     def __init__(
         self,
@@ -41,34 +42,12 @@ class Bench:
         handlers: dict[str, Callable[[Message], Any]],
         **config: Any,
     ) -> None:
-        self.store = store
-        self.now = T0
-        self.registry = CollectorRegistry()
-        self.relay = Relay(
-            store,
-            handlers,
-            RelayConfig.model_validate({"interval": "10ms", **config}),
-            clock=lambda: self.now,
-            registry=self.registry,
-        )
+        super().__init__(store, handlers, **{"interval": "10ms", **config})
 
     async def add(self, topic: str, n: int = 1, **payload: Any) -> list[Message]:
-        msgs = [new_message(topic, {"i": i, **payload}, self.now) for i in range(n)]
-        async with self.store.begin() as tx:
-            await self.store.add(tx, *msgs)
-        return msgs
-
-    def metric(self, name: str, topic: str) -> float:
-        return self.registry.get_sample_value(name, {"topic": topic}) or 0.0
-
-    async def gone(self, msgs: list[Message]) -> bool:
-        for m in msgs:
-            try:
-                await self.store.get(m.id)
-            except NotFound:
-                continue
-            return False
-        return True
+        return await self.put(
+            *(new_message(topic, {"i": i, **payload}, self.now) for i in range(n))
+        )
 
 
 async def eventually(what: str, check: Callable[[], Awaitable[bool]], limit: float = 5) -> None:

@@ -10,37 +10,27 @@ from typing import Any
 
 import anyio
 import pytest
-from prometheus_client import CollectorRegistry
 
 from outbox import (
     Message,
     NotFound,
     Permanent,
     Relay,
-    RelayConfig,
     Store,
     Unavailable,
     backoff,
     new_message,
 )
 from tests.clock import T0
+from tests.relay import Harness
 
 
-class Fixture:
-    """A relay over ``store`` whose clock is ``self.now`` and whose handler is ``self.handle``."""
+class Fixture(Harness):
+    """A relay over ``store`` whose handler is ``self.handle``."""
 
     def __init__(self, store: Store[Any], **config: Any) -> None:
-        self.store = store
-        self.now = T0
         self.handle: Callable[[Message], Awaitable[None]] = self._ok
-        self.registry = CollectorRegistry()
-        self.relay = Relay(
-            store,
-            {"mail": self._dispatch, "mail.other": self._dispatch},
-            RelayConfig.model_validate(config),
-            clock=lambda: self.now,
-            registry=self.registry,
-        )
+        super().__init__(store, {"mail": self._dispatch, "mail.other": self._dispatch}, **config)
 
     async def _ok(self, m: Message) -> None:
         pass
@@ -49,17 +39,13 @@ class Fixture:
         await self.handle(m)
 
     async def add(self, topic: str = "mail", **payload: Any) -> Message:
-        m = new_message(topic, payload, self.now)
-        async with self.store.begin() as tx:
-            await self.store.add(tx, m)
-        return m
+        return await self.add_one(topic, payload)
 
     async def drain(self) -> int:
         return await self.relay.drain()
 
     def metric(self, name: str, topic: str = "mail") -> float:
-        value = self.registry.get_sample_value(name, {"topic": topic})
-        return 0.0 if value is None else value
+        return super().metric(name, topic)
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ from typing import Any
 
 import anyio
 import pytest
-from prometheus_client import CollectorRegistry
 
-from outbox import Message, NotFound, Relay, RelayConfig, Store, backoff, new_message
+from outbox import Message, NotFound, Store, backoff, new_message
 from outbox.handlers import HandlerKinds
 from outbox.store import TopicSettings
 from tests.clock import T0
+from tests.relay import Harness
 
 SECOND = dt.timedelta(seconds=1)
 
@@ -52,21 +52,16 @@ async def test_claim_takes_only_the_topics_asked_for(store: Store[Any]) -> None:
     assert await store.claim(T0, dt.timedelta(minutes=1), 10, topics=[]) == []
 
 
-class Fixture:
+class Fixture(Harness):
     def __init__(self, store: Store[Any], **config: Any) -> None:
-        self.store = store
-        self.now = T0
         self.seen: list[tuple[str, int]] = []
         self.fail = False
         self.hang = False
-        self.registry = CollectorRegistry()
-        self.relay = Relay(
+        super().__init__(
             store,
             {"mail.login_link": self.handle},
-            RelayConfig.model_validate({"interval": "1s", **config}),
-            clock=lambda: self.now,
-            registry=self.registry,
             kinds=HandlerKinds().mapping,
+            **{"interval": "1s", **config},
         )
 
     async def handle(self, m: Message) -> None:
@@ -77,10 +72,7 @@ class Fixture:
             raise RuntimeError("down")
 
     async def add(self, topic: str = "mail.login_link") -> Message:
-        m = new_message(topic, {}, self.now)
-        async with self.store.begin() as tx:
-            await self.store.add(tx, m)
-        return m
+        return await self.add_one(topic, {})
 
     async def set(self, **fields: Any) -> None:
         await self.store.set_topic(TopicSettings(**fields), self.now)
