@@ -13,7 +13,11 @@ to a receiver in a process of its own on loopback (which answers 204): a
 delivery that does I/O, where the kind also sends the delivery's
 ``traceparent``.
 
+With ``--ratio 0.1``, producers and relay sample a tenth of the traces
+(parent-based, as ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` sets).
+
     python bench/tracing.py [--database-url URL] [--messages 20000] [--rounds 3] [--webhook]
+        [--ratio 1.0]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """
@@ -37,7 +41,7 @@ from keys import TOPIC, left, stored
 from server import listening, local_arguments
 
 
-def _sdk() -> Any:
+def _sdk(ratio: float) -> Any:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
@@ -49,7 +53,11 @@ def _sdk() -> Any:
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    # The SDK's default (parent-based, always on) at 1; else what a busy
+    # deployment sets: OTEL_TRACES_SAMPLER=parentbased_traceidratio.
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(Dropping()))
     return provider
 
@@ -125,8 +133,11 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--webhook", action="store_true", help="deliver through the webhook kind")
+    parser.add_argument(
+        "--ratio", type=float, default=1.0, help="share of traces sampled (producers and relay)"
+    )
     args = parser.parse_args()
-    provider = _sdk()
+    provider = _sdk(args.ratio)
     receiver = None
     hook = None
     if args.webhook:
