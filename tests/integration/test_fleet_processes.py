@@ -6,6 +6,7 @@ import functools
 import json
 import re
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -181,13 +182,15 @@ def test_a_rolling_deploy_buries_nothing(
     assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
     assert count(db, "SELECT count(*) FROM outbox_messages WHERE attempts > 0") == 0
 
-    new = start(relays, tmp_path, db)
+    new = start(relays, tmp_path, db, POD_NAME="outbox-relay-7d9f6-x2k4q")  # the chart's
     new.wait_ready()
     wait_until("the new relay to deliver", lambda: outbox_empty(db), timeout=30)
     listed = run_outbox("relays", "--output", "json", OUTBOX_DATABASE_URL=db)
     assert listed.returncode == 0, listed.stderr
     served = {r["pid"]: r["topics"] for r in json.loads(listed.stdout)}
     assert served == {old.pid: ["orders.placed"], new.pid: [recording.TOPIC]}
+    hosts = {r["pid"]: r["host"] for r in json.loads(listed.stdout)}
+    assert hosts == {old.pid: socket.gethostname(), new.pid: "outbox-relay-7d9f6-x2k4q"}
     table = run_outbox("relays", OUTBOX_DATABASE_URL=db)
     assert "served by some relays only" in table.stdout
     assert recording.TOPIC in table.stdout.splitlines()[-1]

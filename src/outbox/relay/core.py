@@ -68,7 +68,9 @@ class Relay(Delivering, Housekeeping):
 
     ``clock`` None (production): the store's time (the database's ``now()``)
     decides leases and retries. An injected clock is passed to the store as
-    its time, so tests move it instead of sleeping.
+    its time, so tests move it instead of sleeping. ``tracer`` records a span
+    per delivery (outbox.tracing); ``host`` is how `outbox relays` names this
+    relay (default: the machine's host name).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Relay(Delivering, Housekeeping):
         listen: bool = True,
         backlog: dt.timedelta | None = dt.timedelta(seconds=15),
         tracer: DeliveryTracer | None = None,
+        host: str | None = None,
     ) -> None:
         for topic in handlers:
             validate_topic(topic)
@@ -102,7 +105,7 @@ class Relay(Delivering, Housekeeping):
         self.metrics = RelayMetrics.of(registry)
         self.metrics.in_flight.set_function(lambda: len(self._held))
         self.settler = Settler(store, self.metrics, self._store_now, self._written)
-        self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock)
+        self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock, host=host)
         # Export every known topic's counters at 0 from the start: increase()
         # needs a sample before the first burial to see it.
         self.metrics.label_topics(self.router.served)

@@ -56,6 +56,7 @@ class Fleet:
         metrics: RelayMetrics,
         *,
         clock: Clock | None,
+        host: str | None = None,
     ) -> None:
         self.store = store
         self.router = router
@@ -63,7 +64,8 @@ class Fleet:
         self.metrics = metrics
         self.clock = clock
         self.id = uuid.uuid4()
-        self.host = os.environ.get("POD_NAME") or socket.gethostname()
+        self.host = host or socket.gethostname()
+        """How `outbox relays` names this relay: the pod's name in Kubernetes."""
         self.version = version()
         self.ttl = max(10 * config.interval, _MIN_TTL)
         """How long one heartbeat keeps this relay live."""

@@ -10,6 +10,7 @@ handed back, within two seconds) and exits 130 or 143.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -204,6 +205,8 @@ async def _serve(
             kinds=kinds.mapping,
             backlog=settings.backlog_interval,
             tracer=tracer,
+            # The chart sets POD_NAME from the downward API: `outbox relays` shows it.
+            host=os.environ.get("POD_NAME"),
         )
         shutdown.relay = relay
 
