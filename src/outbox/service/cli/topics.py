@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from outbox.clock import system_clock
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore
-from outbox.relay import system_clock
 from outbox.service import admin
 from outbox.service.cli.common import (
     DATABASE,
