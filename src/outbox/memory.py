@@ -219,7 +219,7 @@ class MemoryStore(MemoryKeys):
         return done
 
     async def release(
-        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+        self, messages: Sequence[Message], now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         now = now or self.clock()
         released = set()
@@ -236,19 +236,15 @@ class MemoryStore(MemoryKeys):
             released.add(message_id)
         return released
 
-    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
-        row = self._target(message)
-        if row is None:
-            return False
+    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
+        row = self._row(message_id)
         row.due_at, row.leased_until, row.last_error = at, None, reason
         return True
 
     async def bury(
-        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
     ) -> bool:
-        row = self._target(message)
-        if row is None:
-            return False
+        row = self._row(message_id)
         row.buried_at = at or self.clock()
         row.leased_until, row.last_error = None, reason
         return True
@@ -429,12 +425,6 @@ class MemoryStore(MemoryKeys):
         if row is None or row.buried_at is not None or row.token != m.lease:
             return None
         return row
-
-    def _target(self, message: Message | uuid.UUID) -> _Row | None:
-        """An unfenced operator write's row (NotFound if missing), or a fenced one's."""
-        if isinstance(message, Message) and message.lease is not None:
-            return self._held(message)
-        return self._row(message.id if isinstance(message, Message) else message)
 
     def _row(self, message_id: uuid.UUID) -> _Row:
         try:

@@ -171,13 +171,13 @@ class RelayStore(Protocol):
         ...
 
     async def release(
-        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+        self, messages: Sequence[Message], now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         """Hand leased messages back, due at once, without counting the attempt.
 
         For a relay that stops before it could finish them, so another relay
-        takes them without waiting for the lease to end. A Message is fenced by
-        its lease token; buried or missing ones are skipped. Returns the ids
+        takes them without waiting for the lease to end. Each is fenced by the
+        lease it carries; buried or missing ones are skipped. Returns the ids
         released.
         """
         ...
@@ -223,22 +223,22 @@ class RelayStore(Protocol):
 class Operator(Protocol):
     """What an operator's tools need: inspect, requeue and purge; the backlog."""
 
-    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
-        """End the lease and make the message due again at ``at``, keeping ``reason``.
+    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
+        """End any lease and make the message due again at ``at``, keeping ``reason``.
 
-        A bare id is an operator's write: unfenced, NotFound if the message is
-        not there. A claimed Message is fenced by its lease token: False, and
-        nothing changed, if that lease no longer holds it.
+        An operator's write: unfenced, NotFound if the message is not there.
+        A relay writes back through retry_many, bury_many and release, whose
+        Messages carry their lease: fencing is the API's, not the caller's.
         """
         ...
 
     async def bury(
-        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
     ) -> bool:
         """Stop delivering a message and keep it, with ``reason``, for an operator.
 
-        ``at`` is when it was buried (default: the store's time). Fenced like
-        :meth:`retry`.
+        ``at`` is when it was buried (default: the store's time). Unfenced,
+        like :meth:`retry`.
         """
         ...
 
@@ -365,17 +365,6 @@ def check_claim(lease: dt.timedelta, limit: int) -> None:
         raise ValueError(f"outbox: limit must be at least 1, got {limit}")
 
 
-def message_ids(
-    messages: Sequence[Message | uuid.UUID],
-) -> tuple[list[uuid.UUID], list[uuid.UUID | None]]:
-    """Ids and lease tokens (None for bare ids) of ``messages``."""
-    ids: list[uuid.UUID] = []
-    tokens: list[uuid.UUID | None] = []
-    for m in messages:
-        if isinstance(m, Message):
-            ids.append(m.id)
-            tokens.append(m.lease)
-        else:
-            ids.append(m)
-            tokens.append(None)
-    return ids, tokens
+def message_ids(messages: Sequence[Message]) -> tuple[list[uuid.UUID], list[uuid.UUID | None]]:
+    """Ids and lease tokens of ``messages`` (None for a message never claimed)."""
+    return [m.id for m in messages], [m.lease for m in messages]

@@ -248,11 +248,12 @@ async def test_release_hands_leased_messages_back_without_counting_the_attempt(
 ) -> None:
     a, b, buried = msg(n=1), msg(n=2), msg(n=3)
     await add(store, a, b, buried)
-    await store.claim(T0, LEASE, 10)
+    held = {m.id: m for m in await store.claim(T0, LEASE, 10)}
     await store.bury(buried.id, "poison", at=T0)
     later = T0 + dt.timedelta(seconds=3)
+    never_added = msg(n=4)
 
-    released = await store.release([a.id, b.id, buried.id, uuid.uuid4()], later)
+    released = await store.release([held[a.id], held[b.id], held[buried.id], never_added], later)
 
     assert released == {a.id, b.id}
     assert (await store.get(a.id)).leased_until is None

@@ -50,7 +50,7 @@ def seeded(postgres_url: str) -> Iterator[str]:
                 async with store.begin() as tx:
                     await store.add(tx, pending, doomed)
                 held = {m.id: m for m in await store.claim(NOW, dt.timedelta(minutes=1), 10)}
-                await store.bury(held[doomed.id], "RuntimeError: kept for the operator", at=NOW)
+                await store.bury(doomed.id, "RuntimeError: kept for the operator", at=NOW)
                 await store.release([held[pending.id]], now=NOW)
                 await store.set_topic(TopicSettings("orders.placed", max_attempts=5), NOW)
 

@@ -41,7 +41,7 @@ class Buried:
                 await store.bury(self.old.id, long_error, at=NOW - dt.timedelta(days=10))
                 await store.bury(self.recent.id, "permanent: 550", at=NOW - dt.timedelta(minutes=5))
                 await store.bury(self.other.id, "no handler", at=NOW - dt.timedelta(hours=2))
-                await store.release([self.live.id], NOW)
+                await store.release([self.live], NOW)
 
         anyio.run(setup)
 

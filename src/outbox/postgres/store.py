@@ -262,7 +262,7 @@ class PostgresStore(OperatorQueries):
         return {r[0] for r in rows}
 
     async def release(
-        self, messages: Sequence[Message | uuid.UUID], now: dt.datetime | None = None
+        self, messages: Sequence[Message], now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         if not messages:
             return set()
@@ -271,17 +271,15 @@ class PostgresStore(OperatorQueries):
             r[0] for r in await self._fetch(_RELEASE, {"ids": ids, "tokens": tokens, "now": now})
         }
 
-    async def retry(self, message: Message | uuid.UUID, at: dt.datetime, reason: str) -> bool:
-        message_id, token = _target(message)
-        params = {"id": message_id, "token": token, "at": at, "reason": reason}
-        return await self._change_one(_RETRY, params, fenced=token is not None)
+    async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
+        params = {"id": message_id, "at": at, "reason": reason}
+        return await self._change_one(_RETRY, params)
 
     async def bury(
-        self, message: Message | uuid.UUID, reason: str, *, at: dt.datetime | None = None
+        self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
     ) -> bool:
-        message_id, token = _target(message)
-        params = {"id": message_id, "token": token, "at": at, "reason": reason}
-        return await self._change_one(_BURY, params, fenced=token is not None)
+        params = {"id": message_id, "at": at, "reason": reason}
+        return await self._change_one(_BURY, params)
 
     async def register_relay(
         self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None
@@ -384,14 +382,12 @@ class PostgresStore(OperatorQueries):
             cur = await conn.execute(query, params)
             return cur.rowcount
 
-    async def _change_one(
-        self, query: Any, params: dict[str, Any], *, fenced: bool = False
-    ) -> bool:
+    async def _change_one(self, query: Any, params: dict[str, Any]) -> bool:
         async with self._translated(), self.pool.connection() as conn:
             cur = await conn.execute(query, params)
-            if cur.rowcount == 0 and not fenced:
+            if cur.rowcount == 0:
                 raise NotFound(params["id"])
-            return cur.rowcount > 0
+            return True
 
 
 def _claimed(r: Any, token: uuid.UUID) -> Message:
@@ -407,9 +403,3 @@ def _claimed(r: Any, token: uuid.UUID) -> Message:
         headers=r[7] or {},
         lease=token,
     )
-
-
-def _target(message: Message | uuid.UUID) -> tuple[uuid.UUID, uuid.UUID | None]:
-    if isinstance(message, Message):
-        return message.id, message.lease
-    return message, None

@@ -350,12 +350,11 @@ WHERE m.id = h.id AND m.leased_until = 'infinity'
       LIMIT 1);
 
 -- message_retry --
--- Make one message due again at %(at)s, keeping the reason; with %(token)s
--- only while that lease still holds it (NULL: an operator's unfenced write).
+-- An operator's write, unfenced: make one message due again at %(at)s,
+-- keeping the reason. (A relay's write-backs are the fenced *_many ones.)
 UPDATE outbox_messages
 SET due_at = %(at)s, leased_until = NULL, last_error = %(reason)s
-WHERE id = %(id)s
-  AND (%(token)s::uuid IS NULL OR (lease_token = %(token)s AND buried_at IS NULL));
+WHERE id = %(id)s;
 
 -- message_retry_many --
 -- Make messages due again after their delays, each only while its lease
@@ -373,13 +372,12 @@ WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
 RETURNING m.id;
 
 -- message_bury --
--- Stop delivering one message; keep it and the reason for an operator. With
--- %(token)s only while that lease still holds it.
+-- An operator's write, unfenced: stop delivering one message and keep it
+-- with the reason.
 UPDATE outbox_messages
 SET buried_at = coalesce(%(at)s::timestamptz, now()), leased_until = NULL,
     last_error = %(reason)s
-WHERE id = %(id)s
-  AND (%(token)s::uuid IS NULL OR (lease_token = %(token)s AND buried_at IS NULL));
+WHERE id = %(id)s;
 
 -- message_bury_many --
 -- Bury messages, each only while its lease token still holds it; returns the
