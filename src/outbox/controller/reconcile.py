@@ -22,7 +22,7 @@ from outbox.handler import HandlerKind, Kind
 from outbox.handlers import KINDS
 from outbox.handlers.registry import EntryError, check_entry
 from outbox.message import validate_topic
-from outbox.store import Store, TopicSettings
+from outbox.store import Operator, Registry, Store, TopicSettings
 
 __all__ = [
     "InvalidSpec",
@@ -277,7 +277,7 @@ async def reconcile(
 
 
 async def _granted(
-    store: Store[Any],
+    store: Operator,
     entry: TopicSettings,
     source: str,
     registry: Mapping[str, TopicSettings],
@@ -322,7 +322,7 @@ def unavailable(reason: str, now: dt.datetime, previous: Mapping[str, Any] | Non
     return Outcome(status, None, ready=False, warning=new_problem(status, previous))
 
 
-async def forget(store: Store[Any], source: str) -> list[str]:
+async def forget(store: Registry, source: str) -> list[str]:
     """Remove the registry entries ``source`` wrote; return their topics.
 
     Removing an entry is not a pause: the topic falls back to its built-in
@@ -334,9 +334,7 @@ async def forget(store: Store[Any], source: str) -> list[str]:
     return gone
 
 
-async def prune(
-    store: Store[Any], existing: set[str], *, namespaces: list[str] | None
-) -> list[str]:
+async def prune(store: Registry, existing: set[str], *, namespaces: list[str] | None) -> list[str]:
     """Remove entries of OutboxTopics that no longer exist; return their topics.
 
     ``existing`` are the sources of every resource the controller sees; only
@@ -356,7 +354,7 @@ async def prune(
 
 
 async def backlog(
-    store: Store[Any], topic: str, now: dt.datetime, max_age: dt.timedelta | None = None
+    store: Operator, topic: str, now: dt.datetime, max_age: dt.timedelta | None = None
 ) -> dict[str, Any]:
     """The status fields that show a topic's backlog and how many live relays serve it.
 

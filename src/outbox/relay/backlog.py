@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox.clock import Clock, system_clock
 from outbox.relay.metrics import MAX_TOPIC_LABELS, OTHER, BacklogMetrics
-from outbox.store import Store
+from outbox.store import Operator
 
 __all__ = ["BLOCKED_KEYS", "Backlog"]
 
@@ -40,7 +40,7 @@ class Backlog:
 
     def __init__(
         self,
-        store: Store[Any],
+        store: Operator,
         *,
         clock: Clock = system_clock,
         registry: CollectorRegistry | None = None,

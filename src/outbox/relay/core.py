@@ -73,6 +73,10 @@ class Relay(Delivering, Housekeeping):
     relay (default: the machine's host name).
     """
 
+    store: Store[Any]
+    """Every role's part: the relay claims and writes back (RelayStore), its
+    backlog gauges read counts (Operator)."""
+
     def __init__(
         self,
         store: Store[Any],

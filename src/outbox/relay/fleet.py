@@ -19,14 +19,13 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
 
 from outbox.clock import Clock
 from outbox.durations import format_duration
 from outbox.relay.config import RelayConfig
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Router
-from outbox.store import RelayInfo, Store
+from outbox.store import RelayInfo, RelayStore
 
 __all__ = ["Fleet", "version"]
 
@@ -50,7 +49,7 @@ class Fleet:
 
     def __init__(
         self,
-        store: Store[Any],
+        store: RelayStore,
         router: Router,
         config: RelayConfig,
         metrics: RelayMetrics,

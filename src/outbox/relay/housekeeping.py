@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
 import anyio
 
@@ -19,7 +18,7 @@ from outbox.relay.config import RelayConfig
 from outbox.relay.fleet import Fleet
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Router
-from outbox.store import Store
+from outbox.store import RelayStore
 
 __all__ = ["Housekeeping"]
 
@@ -29,7 +28,7 @@ log = logging.getLogger("outbox.relay")
 class Housekeeping:
     """The housekeeping half of Relay (outbox.relay.core), which sets these up."""
 
-    store: Store[Any]
+    store: RelayStore
     config: RelayConfig
     router: Router
     metrics: RelayMetrics

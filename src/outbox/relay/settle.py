@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -33,7 +33,7 @@ from outbox.errors import StoreUnavailable
 from outbox.message import Message
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Route
-from outbox.store import Store
+from outbox.store import RelayStore
 
 __all__ = ["REASON_MAX", "Held", "Settler", "clean_reason"]
 
@@ -91,7 +91,7 @@ class Settler:
 
     def __init__(
         self,
-        store: Store[Any],
+        store: RelayStore,
         metrics: RelayMetrics,
         now: Callable[[], dt.datetime | None],
         written: Callable[[Held], None] = lambda held: None,

@@ -12,17 +12,17 @@ import json
 import sys
 import uuid
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from outbox.durations import format_duration
 from outbox.service.admin.output import as_json, confirm, print_json, short, table, when
-from outbox.store import Store
+from outbox.store import Operator
 
 __all__ = ["list_buried", "purge", "requeue", "show"]
 
 
 async def list_buried(
-    store: Store[Any],
+    store: Operator,
     *,
     topic: str | None,
     within: dt.timedelta | None,
@@ -53,7 +53,7 @@ async def list_buried(
 
 
 async def show(
-    store: Store[Any],
+    store: Operator,
     message_id: uuid.UUID,
     *,
     payload: bool,
@@ -94,7 +94,7 @@ def _pretty(payload: bytes) -> str:
 
 
 async def requeue(
-    store: Store[Any],
+    store: Operator,
     *,
     ids: Sequence[uuid.UUID] | None,
     topic: str | None,
@@ -128,7 +128,7 @@ async def requeue(
 
 
 async def purge(
-    store: Store[Any],
+    store: Operator,
     older_than: dt.timedelta,
     *,
     topic: str | None,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 from outbox.service.admin.output import iso, print_json, table, when
-from outbox.store import RelayInfo, Store
+from outbox.store import Operator, RelayInfo
 
 __all__ = ["relays_list", "serving_relays"]
 
@@ -21,7 +21,7 @@ def serving_relays(relays: Sequence[RelayInfo]) -> dict[str, int]:
     return counts
 
 
-async def relays_list(store: Store[Any], *, output: str, out: TextIO = sys.stdout) -> None:
+async def relays_list(store: Operator, *, output: str, out: TextIO = sys.stdout) -> None:
     """The live relays and what each serves, so disagreements between them show."""
     found = await store.relays()
     if output == "json":
