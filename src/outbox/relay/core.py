@@ -73,9 +73,7 @@ class Relay(Delivering, Housekeeping):
     relay (default: the machine's host name).
     """
 
-    store: Store[Any]
-    """Every role's part: the relay claims and writes back (RelayStore), its
-    backlog gauges read counts (Operator)."""
+    store: Store[Any]  # it claims and writes back (RelayStore); its gauges read (Operator)
 
     def __init__(
         self,
@@ -103,7 +101,6 @@ class Relay(Delivering, Housekeeping):
         self.backlog = backlog
         """How often run() refreshes the backlog gauges (None: never)."""
         self.tracer = tracer
-        """Records a span per delivery (outbox.tracing); None: no tracing."""
         self._local = clock or system_clock
         self.router = Router(handlers, kinds or {}, cfg)
         self.metrics = RelayMetrics.of(registry)
@@ -438,14 +435,6 @@ class Relay(Delivering, Housekeeping):
         return 1
 
     # -- waiting ---------------------------------------------------------------
-
-    async def _until(self, condition: Any) -> None:
-        """Wait until ``condition()`` holds (re-checked whenever a slot or worker frees)."""
-        while not condition():
-            self._changed = anyio.Event()
-            if condition():
-                break
-            await self._changed.wait()
 
     async def _sleep(self, seconds: float, slack: float | None = None) -> None:
         """Wait ``seconds`` or until stopped; with ``slack``, report alive until then."""

@@ -13,7 +13,7 @@ import collections
 import datetime as dt
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -251,6 +251,14 @@ class Delivering:
                 # The ack unparked the key's next message: claim it now, not
                 # an interval later (nobody notifies an unpark).
                 self.wake()
+
+    async def _until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds (re-checked whenever a slot or worker frees)."""
+        while not condition():
+            self._changed = anyio.Event()
+            if condition():
+                break
+            await self._changed.wait()
 
     def _signal(self) -> None:
         if self._changed is not None and not self._changed.is_set():
