@@ -71,6 +71,20 @@ async def stored(url: str, keys: list[str | None], pool_size: int) -> AsyncItera
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
+class Counting:
+    """A no-op handler that sets ``done`` once it has seen ``n`` messages."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen = 0
+        self.done = anyio.Event()
+
+    async def __call__(self, m: Any) -> None:
+        self.seen += 1
+        if self.seen == self.n:
+            self.done.set()
+
+
 async def left(store: Any) -> int:
     """Messages left in ``store``'s table (for drains whose handlers are the relay's own)."""
     async with store.pool.connection() as conn:
@@ -82,18 +96,10 @@ async def left(store: Any) -> int:
 async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
     from prometheus_client import CollectorRegistry
 
-    from outbox import Message, Relay, RelayConfig
+    from outbox import Relay, RelayConfig
 
     async with stored(url, keys, pool_size=4) as store:
-        done = anyio.Event()
-        seen = 0
-
-        async def noop(m: Message) -> None:
-            nonlocal seen
-            seen += 1
-            if seen == len(keys):
-                done.set()
-
+        noop = Counting(len(keys))
         cfg = RelayConfig.model_validate({"batch": 100, "interval": interval})
         relay = Relay(
             store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
@@ -101,7 +107,7 @@ async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float
         started = time.perf_counter()
         async with anyio.create_task_group() as tg:
             tg.start_soon(relay.run)
-            await done.wait()
+            await noop.done.wait()
             took = time.perf_counter() - started
             relay.stop()
         return len(keys) / took

@@ -29,7 +29,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keys import TOPIC, left, stored
+from keys import TOPIC, Counting, left, stored
 from server import listening, local_arguments
 
 AMQP = "amqp://127.0.0.1:5672/"
@@ -41,21 +41,13 @@ async def drain(url: str, n: int, kind: str | None, nats_url: str) -> float:
     """Messages per second of one drain through ``kind`` (None: a no-op handler)."""
     from prometheus_client import CollectorRegistry
 
-    from outbox import Message, Relay, RelayConfig
+    from outbox import Relay, RelayConfig
     from outbox.handlers import HandlerKinds
     from outbox.handlers.settings import AmqpSettings, NatsSettings, RedisSettings
     from outbox.store import TopicSettings
 
     async with stored(url, [None] * n, pool_size=4) as store:
-        done = anyio.Event()
-        seen = 0
-
-        async def count(m: Message) -> None:
-            nonlocal seen
-            seen += 1
-            if seen == n:
-                done.set()
-
+        count = Counting(n)
         kinds = HandlerKinds(
             amqp=AmqpSettings(url=AMQP),
             redis=RedisSettings(url=REDIS),
@@ -84,7 +76,7 @@ async def drain(url: str, n: int, kind: str | None, nats_url: str) -> float:
         async with anyio.create_task_group() as tg:
             tg.start_soon(relay.run)
             if kind is None:
-                await done.wait()
+                await count.done.wait()
             else:  # the kinds' handlers are the relay's own: wait for an empty table
                 while await left(store):  # noqa: ASYNC110 (a table, not an event)
                     await anyio.sleep(0.02)

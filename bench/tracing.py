@@ -37,7 +37,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from keys import TOPIC, left, stored
+from keys import TOPIC, Counting, left, stored
 from server import listening, local_arguments
 
 
@@ -82,7 +82,7 @@ async def drain(
     """(messages per second, CPU µs per message) of one drain."""
     from prometheus_client import CollectorRegistry
 
-    from outbox import Message, Relay, RelayConfig
+    from outbox import Relay, RelayConfig
     from outbox.handlers import HandlerKinds
     from outbox.handlers.settings import WebhookSettings
     from outbox.store import TopicSettings
@@ -91,15 +91,7 @@ async def drain(
     with provider.get_tracer("bench").start_as_current_span("produce"):
         keys: list[str | None] = [None] * n
         async with stored(url, keys, pool_size=4) as store:
-            done = anyio.Event()
-            seen = 0
-
-            async def noop(m: Message) -> None:
-                nonlocal seen
-                seen += 1
-                if seen == n:
-                    done.set()
-
+            noop = Counting(n)
             kinds = HandlerKinds(webhook=WebhookSettings(allow=hook or ""))
             if hook:
                 config = {"url": hook}
@@ -121,7 +113,7 @@ async def drain(
                     while await left(store):  # noqa: ASYNC110 (a table, not an event)
                         await anyio.sleep(0.01)
                 else:
-                    await done.wait()
+                    await noop.done.wait()
                 took, spent = time.perf_counter() - started, time.process_time() - cpu
                 relay.stop()
             await kinds.aclose()
