@@ -22,11 +22,12 @@ Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,15 @@ TOPIC = "bench.keys"
 
 
 @asynccontextmanager
-async def stored(url: str, keys: list[str | None], pool_size: int) -> AsyncIterator[Any]:
+async def stored(
+    url: str,
+    keys: list[str | None],
+    pool_size: int,
+    around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> AsyncIterator[Any]:
     """A PostgresStore on a fresh schema holding one message a key of ``keys``
-    (None: unkeyed), in order; the schema is dropped afterwards."""
+    (None: unkeyed), in order, each made inside ``around()`` (a producer's span);
+    the schema is dropped afterwards."""
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
@@ -58,13 +65,14 @@ async def stored(url: str, keys: list[str | None], pool_size: int) -> AsyncItera
         await migrate(conninfo)
         async with connect_pool(conninfo, max_size=pool_size) as pool:
             store = PostgresStore(pool)
+
+            def made(i: int) -> Any:
+                with around():
+                    return new_message(TOPIC, {"n": i}, key=keys[i])
+
             for start in range(0, len(keys), 1000):
                 async with store.begin() as tx:
-                    await store.add(
-                        tx,
-                        *(new_message(TOPIC, {"n": i}, key=keys[i])
-                          for i in range(start, min(start + 1000, len(keys)))),
-                    )  # fmt: skip
+                    await store.add(tx, *map(made, range(start, min(start + 1000, len(keys)))))
             yield store
     finally:
         with psycopg.connect(url, autocommit=True) as conn:

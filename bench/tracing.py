@@ -6,7 +6,9 @@ one relay (``Relay.run()``, batch 100, a no-op handler) twice, alternately: with
 no tracer, and with a DeliveryTracer on the real SDK (a BatchSpanProcessor and
 an exporter that drops what it is given, so the figure is the relay's cost, not
 a collector's). Reported: messages per second and the relay process's CPU per
-message (``time.process_time()`` over the drain), and traced over untraced.
+message (``time.process_time()`` over the drain), and traced over untraced,
+beside what the SDK's span alone costs (started with a delivery's attributes and
+ended, in a loop, same provider): the least a traced delivery can cost.
 
 With ``--webhook``, the topic is bound to the webhook kind instead, posting
 to a receiver in a process of its own on loopback (which answers 204): a
@@ -41,10 +43,11 @@ from keys import TOPIC, Counting, left, stored
 from server import listening, local_arguments
 
 
-def _sdk(ratio: float) -> Any:
+def _sdk(ratio: float, batch: bool = True) -> Any:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
+        SimpleSpanProcessor,
         SpanExporter,
         SpanExportResult,
     )
@@ -58,7 +61,8 @@ def _sdk(ratio: float) -> Any:
     # The SDK's default (parent-based, always on) at 1; else what a busy
     # deployment sets: OTEL_TRACES_SAMPLER=parentbased_traceidratio.
     provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
-    provider.add_span_processor(BatchSpanProcessor(Dropping()))
+    processor = BatchSpanProcessor if batch else SimpleSpanProcessor
+    provider.add_span_processor(processor(Dropping()))
     return provider
 
 
@@ -88,36 +92,65 @@ async def drain(
     from outbox.store import TopicSettings
     from outbox.tracing import DeliveryTracer
 
-    with provider.get_tracer("bench").start_as_current_span("produce"):
-        keys: list[str | None] = [None] * n
-        async with stored(url, keys, pool_size=4) as store:
-            noop = Counting(n)
-            kinds = HandlerKinds(webhook=WebhookSettings(allow=hook or ""))
+    producer = provider.get_tracer("bench")
+    keys: list[str | None] = [None] * n
+    # One producer's trace a message, as each comes from a request of its own.
+    async with stored(url, keys, 4, lambda: producer.start_as_current_span("produce")) as store:
+        noop = Counting(n)
+        kinds = HandlerKinds(webhook=WebhookSettings(allow=hook or ""))
+        if hook:
+            config = {"url": hook}
+            await store.set_topic(TopicSettings(TOPIC, handler="webhook", config=config))
+        relay = Relay(
+            store,
+            {} if hook else {TOPIC: noop},
+            RelayConfig.model_validate({"batch": 100, "interval": "50ms"}),
+            registry=CollectorRegistry(),
+            kinds=kinds.mapping,
+            listen=False,
+            backlog=None,
+            tracer=DeliveryTracer(provider) if traced else None,
+        )
+        started, cpu = time.perf_counter(), time.process_time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
             if hook:
-                config = {"url": hook}
-                await store.set_topic(TopicSettings(TOPIC, handler="webhook", config=config))
-            relay = Relay(
-                store,
-                {} if hook else {TOPIC: noop},
-                RelayConfig.model_validate({"batch": 100, "interval": "50ms"}),
-                registry=CollectorRegistry(),
-                kinds=kinds.mapping,
-                listen=False,
-                backlog=None,
-                tracer=DeliveryTracer(provider) if traced else None,
-            )
-            started, cpu = time.perf_counter(), time.process_time()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(relay.run)
-                if hook:
-                    while await left(store):  # noqa: ASYNC110 (a table, not an event)
-                        await anyio.sleep(0.01)
-                else:
-                    await noop.done.wait()
-                took, spent = time.perf_counter() - started, time.process_time() - cpu
-                relay.stop()
-            await kinds.aclose()
+                while await left(store):  # noqa: ASYNC110 (a table, not an event)
+                    await anyio.sleep(0.01)
+            else:
+                await noop.done.wait()
+            took, spent = time.perf_counter() - started, time.process_time() - cpu
+            relay.stop()
+        await kinds.aclose()
     return n / took, spent / n * 1e6
+
+
+def floor(ratio: float, n: int) -> float:
+    """CPU µs of the SDK's own span, alone: started with the attributes a delivery's
+    span carries and ended (what no relay can spend less than per traced delivery),
+    handed to an exporter that drops it in the same thread."""
+    import uuid
+
+    from opentelemetry.trace import SpanKind
+
+    tracer = _sdk(ratio, batch=False).get_tracer("floor")
+    cpu = time.process_time()
+    for _ in range(n):
+        span = tracer.start_span(
+            f"process {TOPIC}",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "outbox",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": TOPIC,
+                "messaging.message.id": str(uuid.uuid4()),
+                "outbox.message.attempt": 1,
+                "outbox.delivery.outcome": "acked",
+            },
+        )
+        span.end()
+    return (time.process_time() - cpu) / n * 1e6
 
 
 def main() -> int:
@@ -139,14 +172,18 @@ def main() -> int:
         receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(port)])
         hook = f"http://127.0.0.1:{port}/hook"
         listening(port)
-    print("| round | untraced msg/s | traced msg/s | traced / untraced | CPU µs/msg off | on |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| round | untraced msg/s | traced msg/s | traced / untraced | CPU µs/msg off | on"
+        " | SDK span alone µs |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
         off, off_cpu = anyio.run(drain, args.database_url, args.messages, provider, False, hook)
         on, on_cpu = anyio.run(drain, args.database_url, args.messages, provider, True, hook)
+        alone = floor(args.ratio, args.messages)
         print(
             f"| {r + 1} | {off:,.0f} | {on:,.0f} | {on / off:.2f}x"
-            f" | {off_cpu:.0f} | {on_cpu:.0f} |",
+            f" | {off_cpu:.0f} | {on_cpu:.0f} | {alone:.0f} |",
             flush=True,
         )
     provider.shutdown()

@@ -18,9 +18,11 @@ receiver continues the same trace.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -82,22 +84,31 @@ def with_trace(headers: Mapping[str, str]) -> dict[str, str]:
 class DeliverySpan:
     """The span of one delivery; the relay ends it with the outcome."""
 
-    __slots__ = ("_otel", "span")
+    __slots__ = ("_otel", "_root", "recording", "span")
 
-    def __init__(self, span: Span, otel: _Otel) -> None:
+    def __init__(self, span: Span, otel: _Otel, root: object) -> None:
         self.span = span
+        self.recording = span.is_recording()
         self._otel = otel
+        self._root = root
 
     def enter(self) -> object:
         """Make the span the current one (while the handler runs); returns the token
-        :meth:`leave` takes."""
-        return self._otel.context.attach(self._otel.trace.set_span_in_context(self.span))
+        :meth:`leave` takes.
+
+        An unsampled span is made current too: what the handler starts or sends
+        on carries the decision not to sample.
+        """
+        otel = self._otel
+        return otel.context.attach(otel.trace.set_span_in_context(self.span, self._root))
 
     def leave(self, token: object) -> None:
         self._otel.context.detach(token)
 
     def exemplar(self) -> dict[str, str] | None:
         """The exemplar labels of the delivery-duration histogram (None: not sampled)."""
+        if not self.recording:
+            return None
         ctx = self.span.get_span_context()
         if not ctx.trace_flags.sampled:
             return None
@@ -105,10 +116,15 @@ class DeliverySpan:
 
     def end(self, outcome: str, reason: str | None = None) -> None:
         """End the span: ``outcome`` is acked, dropped, retried, buried or interrupted."""
-        self.span.set_attribute("outbox.delivery.outcome", outcome)
-        if reason is not None:
+        if not self.recording:
+            return  # nothing of it is kept
+        if reason is None:
+            self.span.set_attribute("outbox.delivery.outcome", outcome)
+        else:
             # The reason the relay stores as last_error: no payload, no secrets.
-            self.span.set_attribute("error.type", reason.split(":", 1)[0][:100])
+            self.span.set_attributes(
+                {"outbox.delivery.outcome": outcome, "error.type": reason.split(":", 1)[0][:100]}
+            )
             self.span.set_status(self._otel.Status(self._otel.ERROR, reason))
         self.span.end()
 
@@ -118,37 +134,50 @@ class _Otel:
 
     def __init__(self) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags, TraceState
 
         self.context = context
         self.trace = trace
         self.Status = Status
         self.ERROR = StatusCode.ERROR
+        self.SpanContext = SpanContext
+        self.TraceFlags = TraceFlags
+        self.TraceState = TraceState
+
+
+@functools.cache
+def _otel() -> _Otel:
+    return _Otel()
 
 
 class DeliveryTracer:
     """Starts the relay's delivery spans on ``provider`` (None: the global one)."""
 
     def __init__(self, provider: TracerProvider | None = None) -> None:
-        self._otel = otel = _Otel()
+        self._otel = otel = _otel()
         try:
             version = importlib.metadata.version("outbox-relay")
         except importlib.metadata.PackageNotFoundError:
             version = None
         self._tracer = otel.trace.get_tracer("outbox-relay", version, tracer_provider=provider)
+        # Never the relay's own context: each delivery is a trace of its
+        # producer's, or a root of its own.
         self._root = otel.context.Context()
 
     def start(self, m: Message) -> DeliverySpan:
-        """A started span for the delivery of ``m`` (its attempt is ``m.attempts``)."""
+        """A started span for the delivery of ``m`` (its attempt is ``m.attempts``).
+
+        The sampler sees what the messaging conventions ask to be there at
+        creation (system, operation, destination); the message's id and
+        attempt are added only to a span that is kept.
+        """
         trace = self._otel.trace
         producer = _producer(m.headers)
         first = m.attempts <= 1
         span = self._tracer.start_span(
             f"process {m.topic}",
-            # Never the relay's own context: each delivery is a trace of its
-            # producer's, or a root of its own.
             context=(
-                trace.set_span_in_context(trace.NonRecordingSpan(producer))
+                trace.set_span_in_context(trace.NonRecordingSpan(producer), self._root)
                 if producer is not None and first
                 else self._root
             ),
@@ -159,14 +188,19 @@ class DeliveryTracer:
                 "messaging.operation.type": "process",
                 "messaging.operation.name": "process",
                 "messaging.destination.name": m.topic,
-                "messaging.message.id": str(m.id),
-                "outbox.message.attempt": m.attempts,
             },
         )
-        return DeliverySpan(span, self._otel)
+        found = DeliverySpan(span, self._otel, self._root)
+        if found.recording:
+            span.set_attributes(
+                {"messaging.message.id": str(m.id), "outbox.message.attempt": m.attempts}
+            )
+        return found
 
 
-_HEX = frozenset("0123456789abcdef")
+# W3C Trace Context: version-traceid-parentid-flags; a future version may add
+# fields after a dash, version 00 may not.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
 
 def _producer(headers: Mapping[str, str]) -> SpanContext | None:
@@ -175,25 +209,24 @@ def _producer(headers: Mapping[str, str]) -> SpanContext | None:
     Parsed here rather than by the propagator: this runs for every delivery.
     """
     text = headers.get("traceparent")
-    if text is None or len(text) < 55 or text[2] != "-" or text[35] != "-" or text[52] != "-":
+    if text is None:
         return None
-    version, trace_id, span_id, flags = text[:2], text[3:35], text[36:52], text[53:55]
-    if version == "ff" or not _HEX.issuperset(text[:55].replace("-", "")):
+    found = _TRACEPARENT.fullmatch(text)
+    if found is None:
         return None
-    if len(text) > 55 and (version == "00" or text[55] != "-"):
+    version, trace_id, span_id, flags, rest = found.groups()
+    if version == "ff" or (rest is not None and version == "00"):
         return None
-    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
-
-    found = SpanContext(
+    otel = _otel()
+    state = headers.get("tracestate")
+    context = otel.SpanContext(
         int(trace_id, 16),
         int(span_id, 16),
         is_remote=True,
-        trace_flags=TraceFlags(int(flags, 16) & 0xFF),
-        trace_state=TraceState.from_header([headers["tracestate"]])
-        if "tracestate" in headers
-        else None,
+        trace_flags=otel.TraceFlags(int(flags, 16)),
+        trace_state=None if state is None else otel.TraceState.from_header([state]),
     )
-    return found if found.is_valid else None
+    return context if context.is_valid else None
 
 
 def configure_from_env() -> DeliveryTracer | None:

@@ -22,16 +22,19 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.exposition import choose_encoder
 
 from outbox import backoff, new_message
 from outbox.errors import ConfigError
 from outbox.memory import MemoryStore
+from outbox.message import Message
 from outbox.postgres import add_sync
 from outbox.service.http import ProbeServer
 from outbox.tracing import DeliveryTracer, _producer, configure_from_env
 from tests.integration.hooks import SECRET, SECRET_ENV, Hooked, Receiver
 from tests.integration.kinds import TOPIC
 from tests.integration.process import RelayProcess, run_outbox, wait_until
+from tests.relay import Harness
 from tests.tools import require_service
 
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
@@ -151,6 +154,48 @@ async def test_without_a_span_the_producers_context_goes_on_to_the_receiver(
 
     [(headers, _)] = receiver.requests
     assert {k.lower(): v for k, v in headers.items()}["traceparent"] == given
+
+
+async def test_an_unsampled_producers_delivery_keeps_nothing_and_passes_the_decision_on(
+    traced: Hooked, receiver: Receiver, provider: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    exported = provider[1]
+    unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    await traced.add(headers={"traceparent": unsampled})
+
+    assert await traced.relay.drain() == 1
+
+    assert deliveries(exported) == []  # the parent-based sampler follows the producer
+    [(headers, _)] = receiver.requests
+    trace_id, parent = sent_context(headers)
+    assert trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert parent != 0xB7AD6B7169203331  # the (unkept) delivery span's, as the SDK made it
+    assert headers["traceparent"].endswith("-00")
+    encode, _ = choose_encoder("application/openmetrics-text")
+    scraped = encode(traced.registry).decode()
+    assert f'outbox_delivery_duration_seconds_count{{topic="{TOPIC}"}} 1.0' in scraped
+    assert " # {" not in scraped  # no exemplar without a kept span
+
+
+async def test_spans_a_handler_starts_follow_the_deliverys_sampling_decision(
+    provider: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    sdk, exported = provider
+    seen: list[bool] = []
+
+    async def handler(m: Message) -> None:
+        with sdk.get_tracer("app").start_as_current_span("inside") as inside:
+            seen.append(inside.is_recording())
+
+    h = Harness(MemoryStore(), {TOPIC: handler}, tracer=DeliveryTracer(sdk))
+    for flags in ("00", "01"):
+        await h.add_one(TOPIC, {}, headers={"traceparent": f"{GOOD[:-2]}{flags}"})
+        assert await h.relay.drain() == 1
+
+    assert seen == [False, True]
+    inside, delivery = exported.get_finished_spans()
+    assert inside.parent is not None
+    assert inside.parent.span_id == delivery.context.span_id
 
 
 async def test_the_duration_histogram_carries_the_trace_as_an_exemplar_in_openmetrics(
