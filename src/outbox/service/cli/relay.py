@@ -21,12 +21,12 @@ from outbox.service.cli.common import (
 )
 from outbox.service.settings import (
     KIND_SETTINGS,
-    RelayConfig,
     RelaySettings,
     ServiceSettings,
     SmtpSettings,
     kind_settings,
     load,
+    relay_config,
 )
 
 log = logging.getLogger("outbox.service.cli")
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from outbox.tracing import configure_from_env
 
     settings = service_settings()
-    config = RelayConfig.from_env()
+    config = relay_config()
     kind_settings()  # refused here, before anything starts; the process loads them again
     checks: list[Callable[[], bool]] = []
     handlers = _handlers(settings, checks)

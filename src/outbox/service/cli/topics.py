@@ -24,10 +24,10 @@ from outbox.service.cli.common import (
     with_store,
 )
 from outbox.service.settings import (
-    RelayConfig,
     RelaySettings,
     ServiceSettings,
     kind_settings,
+    relay_config,
 )
 from outbox.store import TopicSettings
 
@@ -99,7 +99,7 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 
 def _topics_set(args: argparse.Namespace) -> int:
-    lease = RelayConfig.from_env().lease
+    lease = relay_config().lease
     kinds = HandlerKinds(**kind_settings()).mapping
     if args.handler is not None and args.handler is not admin.DEFAULT:
         # What the arguments say on their own is checked before any connection.
