@@ -20,7 +20,6 @@ blamed, and a message that keeps doing so is buried as a likely poison.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import logging
 import math
@@ -38,9 +37,10 @@ from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
 from outbox.relay.backlog import Backlog
 from outbox.relay.config import CLAIM_WAIT, KEY_RUN, STORE_WAIT, RelayConfig
-from outbox.relay.deliver import Delivering
+from outbox.relay.deliver import Deliveries
 from outbox.relay.fleet import Fleet
 from outbox.relay.housekeeping import Housekeeping
+from outbox.relay.inflight import InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
 from outbox.relay.settle import Held, Settler
@@ -63,7 +63,7 @@ _HAND_BACK_GRACE = 2.0
 _HOUSEKEEPING_GRACE = 1.0
 
 
-class Relay(Delivering, Housekeeping):
+class Relay(Housekeeping):
     """Delivers due messages from ``store`` to the handler for each topic.
 
     ``clock`` None (production): the store's time (the database's ``now()``)
@@ -100,12 +100,21 @@ class Relay(Delivering, Housekeeping):
         """Whether run() listens for the store's wake-ups (``store.wakeups``)."""
         self.backlog = backlog
         """How often run() refreshes the backlog gauges (None: never)."""
-        self.tracer = tracer
         self._local = clock or system_clock
         self.router = Router(handlers, kinds or {}, cfg)
         self.metrics = RelayMetrics.of(registry)
-        self.metrics.in_flight.set_function(lambda: len(self._held))
-        self.settler = Settler(store, self.metrics, self._store_now, self._written)
+        self._held = held = InFlight()
+        self.metrics.in_flight.set_function(lambda: len(held))
+        self.settler = Settler(store, self.metrics, self._store_now)
+        self.deliveries = Deliveries(
+            held,
+            self.settler,
+            self.metrics,
+            stopping=lambda: self._stopping,
+            wake=self.wake,
+            tracer=tracer,
+        )
+        self.settler.written = self.deliveries.written
         self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock, host=host)
         # Export every known topic's counters at 0 from the start: increase()
         # needs a sample before the first burial to see it.
@@ -113,16 +122,9 @@ class Relay(Delivering, Housekeeping):
         self.slots = cfg.slots
         self._claim_size = cfg.batch
         self._lease = cfg.lease.total_seconds()
-        self._held: dict[Any, Held] = {}
-        self._held_bytes = 0
-        """Payload bytes of the messages in ``_held``."""
         self.housekeeping_failing = True
         """Whether the last registry read, registration or sweep failed (True until
         the first succeeds: a relay the fleet cannot see yet is not ready)."""
-        self._queue: collections.deque[Held] = collections.deque()
-        self._topic_load: collections.Counter[str] = collections.Counter()
-        self._workers = 0
-        self._changed: anyio.Event | None = None
         self._orphans = False
         self._housekeeping_done = False
         self._stopping = False
@@ -146,7 +148,7 @@ class Relay(Delivering, Housekeeping):
         so another relay takes them without waiting for the lease to end.
         """
         self._stopping = True
-        self._signal()
+        self._held.signal()
         if self._wake is not None:
             self._wake.set()
         if self._nap is not None:
@@ -200,7 +202,7 @@ class Relay(Delivering, Housekeeping):
         await self.housekeep()
         claimed = await self._claim(min(self.config.batch, self.slots))
         async with anyio.create_task_group() as tg:
-            await self._start(claimed, tg)
+            await self.deliveries.start(claimed, tg)
         await self.settler.flush()
         handled = len(claimed)
         while self._orphans:
@@ -245,12 +247,12 @@ class Relay(Delivering, Housekeeping):
                 housekeeping = anyio.CancelScope()
                 tg.start_soon(self._housekeeping, housekeeping)
                 await self._feed(tg)
-                await self._until(lambda: self._workers == 0)
+                await self._held.until(lambda: self.deliveries.workers == 0)
                 self.settler.close()  # its run() returns once it wrote what is queued
                 # Housekeeping ends at its next wait; one stuck waiting for an
                 # unreachable store is not worth the shutdown's time.
                 with anyio.move_on_after(_HOUSEKEEPING_GRACE):
-                    await self._until(lambda: self._housekeeping_done)
+                    await self._held.until(lambda: self._housekeeping_done)
                 housekeeping.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
@@ -332,23 +334,24 @@ class Relay(Delivering, Housekeeping):
                 # the housekeeping task reports (once) and retries.
             return False
         if self._orphans:
-            await self._until(lambda: not self._held)
+            await self._held.until(lambda: not self._held)
             if not self._stopping:
                 await self._deliver_orphan(tg)
             return False
-        free = self.slots - len(self._held)
+        held = self._held
+        free = self.slots - len(held)
         if free <= 0:
-            await self._until(lambda: len(self._held) < self.slots)
+            await held.until(lambda: len(held) < self.slots)
             return False
-        room = self.config.in_flight_bytes - self._held_bytes
+        room = self.config.in_flight_bytes - held.bytes
         if room <= 0:
-            await self._until(lambda: self._held_bytes < self.config.in_flight_bytes)
+            await held.until(lambda: held.bytes < self.config.in_flight_bytes)
             return False
         want = min(self._claim_size, free)
         claimed = await self._claim(want, max_bytes=room)
         self.metrics.database_up.set(1)
         self.metrics.last_poll.set(time.time())
-        await self._start(claimed, tg)
+        await self.deliveries.start(claimed, tg)
         short = len(claimed) + claimed.orphans < want
         # A claim costs about as much for one row as for a hundred: while the
         # backlog fills every claim and handlers free slots as fast, claim
@@ -364,11 +367,10 @@ class Relay(Delivering, Housekeeping):
     async def _hand_back(self) -> None:
         """Ack what was delivered, release what is unfinished, leave the fleet."""
         await self.settler.flush()
-        self._queue.clear()
-        for held in list(self._held.values()):
-            if not held.decided:
-                self._decide(held)
-                self.settler.release(held)
+        self.deliveries.clear()
+        for held in self._held.undecided():
+            self._held.decide(held)
+            self.settler.release(held)
         await self.settler.flush()
         try:
             await self.fleet.leave()
@@ -383,7 +385,7 @@ class Relay(Delivering, Housekeeping):
         router = self.router
         caps = None
         if router.capped:
-            caps = {t: cap - self._topic_load[t] for t, cap in router.capped.items()}
+            caps = {t: cap - self._held.load[t] for t, cap in router.capped.items()}
         if not router.free and not caps:
             return Claimed()
         lease_end = time.monotonic() + self._lease
@@ -411,12 +413,7 @@ class Relay(Delivering, Housekeeping):
         if claimed.orphans:
             self._orphans = True
         for m in claimed:
-            route = router.routes.get(m.topic)
-            held = Held(m, route, lease_end, solo)  # type: ignore[arg-type]
-            self._held[m.id] = held
-            self._held_bytes += len(m.payload)
-            if route is not None and route.max_in_flight is not None:
-                self._topic_load[m.topic] += 1
+            self._held.hold(Held(m, router.routes.get(m.topic), lease_end, solo))
         return claimed
 
     async def _deliver_orphan(self, tg: anyio.abc.TaskGroup | None = None) -> int:
@@ -427,11 +424,11 @@ class Relay(Delivering, Housekeeping):
             return 0
         if tg is None:
             async with anyio.create_task_group() as own:
-                await self._start(claimed, own)
+                await self.deliveries.start(claimed, own)
             await self.settler.flush()
         else:
-            await self._start(claimed, tg)
-            await self._until(lambda: not self._held)
+            await self.deliveries.start(claimed, tg)
+            await self._held.until(lambda: not self._held)
         return 1
 
     # -- waiting ---------------------------------------------------------------

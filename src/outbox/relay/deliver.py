@@ -13,8 +13,7 @@ import collections
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -23,71 +22,98 @@ import anyio.lowlevel
 from outbox.durations import format_duration
 from outbox.errors import Dropped, Permanent, RetryAfter, Unavailable
 from outbox.relay.backoff import backoff
+from outbox.relay.inflight import InFlight
 from outbox.relay.metrics import RelayMetrics
+from outbox.relay.routing import Route
 from outbox.relay.settle import Held, Settler, clean_reason
 from outbox.store import Claimed
 from outbox.tracing import DeliveryTracer
 
-__all__ = ["Delivering"]
+__all__ = ["Deliveries"]
 
 # A handler's deadline may come this share of its timeout early (see _work).
 _DEADLINE_SLACK = 0.01
 
 
-class Delivering:
-    """The delivering half of Relay (outbox.relay.core), which sets these up."""
+class Deliveries:
+    """Hands what a relay claimed to its handlers and queues each outcome.
 
-    settler: Settler
-    metrics: RelayMetrics
-    _held: dict[Any, Held]
-    _held_bytes: int
-    _queue: collections.deque[Held]
-    _topic_load: collections.Counter[str]
-    _workers: int
-    _stopping: bool
-    _changed: anyio.Event | None
-    tracer: DeliveryTracer | None
+    ``in_flight`` holds the claimed messages (the relay's claims add to it;
+    the settler's writes free them, through :meth:`written`); ``stopping``
+    tells whether the relay stops (then no new delivery starts); ``wake`` asks
+    the relay to claim now.
+    """
 
-    def wake(self, topics: Iterable[str] | None = None) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        in_flight: InFlight,
+        settler: Settler,
+        metrics: RelayMetrics,
+        *,
+        stopping: Callable[[], bool],
+        wake: Callable[[], None],
+        tracer: DeliveryTracer | None = None,
+    ) -> None:
+        self.in_flight = in_flight
+        self.settler = settler
+        self.metrics = metrics
+        self.tracer = tracer
+        self._stopping = stopping
+        self._wake = wake
+        self._queue: collections.deque[tuple[Held, Route]] = collections.deque()
+        self.workers = 0
+        """Tasks delivering (workers and key runs): the relay ends once none is left."""
 
-    async def _start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
+    async def start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
         """Queue ``claimed`` and add workers while every running one waits.
 
         Messages of one key after its first (a claim's run) go to a task of
         their own, which hands them over one after another.
         """
+        held = self.in_flight.held
         runs: dict[tuple[str, str], list[Held]] = {}
         for m in claimed:
             if m.key is not None:
-                runs.setdefault((m.topic, m.key), []).append(self._held[m.id])
+                runs.setdefault((m.topic, m.key), []).append(held[m.id])
         for m in claimed:
-            held = self._held[m.id]
             if runs and m.key is not None and len(runs[m.topic, m.key]) > 1:
                 continue
-            if self._admit(held):
-                self._queue.append(held)
+            route = self._admit(held[m.id])
+            if route is not None:
+                self._queue.append((held[m.id], route))
         for run in runs.values():
             if len(run) > 1:
-                for held in run[:-1]:
-                    held.followed = True
+                for h in run[:-1]:
+                    h.followed = True
                 tg.start_soon(self._follow, run)
-                self._workers += 1
+                self.workers += 1
         # Runs whenever every worker waits: then it adds one, so a handler that
         # waits never holds back the rest, while handlers that finish at once
         # share a task.
-        while self._queue and not self._stopping:
+        while self._queue and not self._stopping():
             tg.start_soon(self._work)
-            self._workers += 1
+            self.workers += 1
             await anyio.lowlevel.checkpoint()
 
-    def _admit(self, held: Held) -> bool:
-        """Whether ``held`` goes to its handler; if not, settle it now."""
+    def clear(self) -> None:
+        """Start nothing more of what is queued (the relay hands it back)."""
+        self._queue.clear()
+
+    def written(self, held: Held) -> None:
+        """``held``'s outcome is in the store (or given up): free its slot."""
+        freed = self.in_flight.free(held)
+        if freed and held.acked and held.message.key is not None and not held.followed:
+            # The ack unparked the key's next message: claim it now, not an
+            # interval later (nobody notifies an unpark).
+            self._wake()
+
+    def _admit(self, held: Held) -> Route | None:
+        """``held``'s route, if it goes to its handler; if not, settle it now."""
         m, route = held.message, held.route
         if route is None:  # the registry changed since the claim: let another relay
-            self._decide(held)
+            self.in_flight.decide(held)
             self.settler.release(held)
-            return False
+            return None
         if m.attempts > route.max_attempts:
             if held.solo:
                 reason = (
@@ -96,10 +122,10 @@ class Delivering:
                 )
             else:
                 reason = f"claimed {m.attempts} times, more than maxAttempts {route.max_attempts}"
-            self._decide(held)
+            self.in_flight.decide(held)
             self.settler.bury(held, reason)
-            return False
-        return True
+            return None
+        return route
 
     async def _work(self) -> None:
         # anyio's clock read through time.monotonic(): on asyncio the very same
@@ -107,30 +133,30 @@ class Delivering:
         # microseconds a call, and this runs once per message.
         offset = anyio.current_time() - time.monotonic()
         try:
-            while self._queue and not self._stopping:
-                current: Held | None = None
+            while self._queue and not self._stopping():
+                current: tuple[Held, Route] | None = None
                 with anyio.CancelScope() as scope:
-                    while self._queue and not self._stopping:
+                    while self._queue and not self._stopping():
                         current = self._queue.popleft()
                         # Moving a deadline reschedules a timer: skip it while the
                         # one set for an earlier message is at most _DEADLINE_SLACK
                         # of this message's timeout early (never late).
-                        route = current.route
+                        route = current[1]
                         due = time.monotonic() + offset + route.seconds
                         if not due - route.seconds * _DEADLINE_SLACK <= scope.deadline <= due:
                             scope.deadline = due
-                        await self._deliver(current)
+                        await self._deliver(*current)
                         current = None
                         if scope.cancel_called:
                             break
                 if current is not None:  # its deadline ran out
-                    self._timed_out(current)
+                    self._timed_out(*current)
         finally:
-            self._workers -= 1
-            self._signal()
+            self.workers -= 1
+            self.in_flight.signal()
 
-    async def _deliver(self, held: Held) -> None:
-        m, route = held.message, held.route
+    async def _deliver(self, held: Held, route: Route) -> None:
+        m = held.message
         span = None if self.tracer is None else self.tracer.start(m)
         outcome, reason = "interrupted", None
         started = time.perf_counter()
@@ -144,30 +170,30 @@ class Delivering:
                 finally:
                     span.leave(token)
         except Permanent as exc:
-            self._decide(held)
+            self.in_flight.decide(held)
             outcome, reason = "buried", f"permanent: {exc.reason}"
             self.settler.bury(held, reason)
         except Dropped as exc:
-            self._decide(held)
+            self.in_flight.decide(held)
             outcome = "dropped"
             self.settler.ack(held, dropped=exc.reason)
         except RetryAfter as exc:
-            outcome, reason = self._fail(held, exc.reason, exc.delay), exc.reason
+            outcome, reason = self._fail(held, route, exc.reason, exc.delay), exc.reason
         except Unavailable as exc:
-            self._decide(held)  # the receiver is at fault, not the message: not counted
+            self.in_flight.decide(held)  # the receiver is at fault, not the message: not counted
             outcome, reason = "retried", exc.reason
             self.settler.retry(held, exc.delay, exc.reason, counted=False)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            outcome = self._fail(held, reason)
+            outcome = self._fail(held, route, reason)
         except anyio.get_cancelled_exc_class():
             if anyio.current_effective_deadline() == -math.inf:
                 raise  # we are being cancelled: a timeout or a shutdown
             # The handler raised it on its own (a cancelled task inside it).
             reason = "CancelledError: raised by the handler"
-            outcome = self._fail(held, reason)
+            outcome = self._fail(held, route, reason)
         else:
-            self._decide(held)
+            self.in_flight.decide(held)
             outcome = "acked"
             self.settler.ack(held)
         finally:
@@ -188,78 +214,51 @@ class Delivering:
         """
         try:
             for i, held in enumerate(run):
-                fresh = held.lease_end - time.monotonic() > held.route.seconds
-                if i and (self._stopping or not fresh or not run[i - 1].acked):
-                    self._hand_over(run[i:])
-                    return
-                if not self._admit(held):
+                if i:
+                    route = held.route
+                    fresh = route is not None and held.lease_end - time.monotonic() > route.seconds
+                    if self._stopping() or not fresh or not run[i - 1].acked:
+                        self._hand_over(run[i:])
+                        return
+                route = self._admit(held)
+                if route is None:
                     self._hand_over(run[i + 1 :])
                     return
-                with anyio.move_on_after(held.route.seconds):
-                    await self._deliver(held)
+                with anyio.move_on_after(route.seconds):
+                    await self._deliver(held, route)
                 if not held.decided:
-                    self._timed_out(held)
+                    self._timed_out(held, route)
                 if i + 1 < len(run):
                     # The ack is in the store before the next starts.
                     await self.settler.settled(held)
         finally:
-            self._workers -= 1
-            self._signal()
+            self.workers -= 1
+            self.in_flight.signal()
 
     def _hand_over(self, rest: list[Held]) -> None:
         for held in rest:
             if not held.decided:
-                self._decide(held)
+                self.in_flight.decide(held)
                 self.settler.release(held)
 
-    def _timed_out(self, held: Held) -> None:
+    def _timed_out(self, held: Held, route: Route) -> None:
         if held.decided:
             return
-        if self._stopping:
-            self._decide(held)
+        if self._stopping():
+            self.in_flight.decide(held)
             self.settler.release(held)
             return
-        self._fail(held, f"timed out after {format_duration(held.route.timeout)}")
+        self._fail(held, route, f"timed out after {format_duration(route.timeout)}")
 
-    def _fail(self, held: Held, reason: str, delay: dt.timedelta | None = None) -> str:
+    def _fail(
+        self, held: Held, route: Route, reason: str, delay: dt.timedelta | None = None
+    ) -> str:
         """Retry ``held`` after ``delay`` (or its backoff), or bury it if it has no
         attempts left; returns which ("retried" or "buried")."""
         m = held.message
-        self._decide(held)
-        if m.attempts >= held.route.max_attempts:
+        self.in_flight.decide(held)
+        if m.attempts >= route.max_attempts:
             self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
             return "buried"
         self.settler.retry(held, delay or backoff(m.attempts), reason)
         return "retried"
-
-    def _decide(self, held: Held) -> None:
-        """``held`` has an outcome: its delivery no longer counts against its topic."""
-        if held.decided:
-            return
-        held.decided = True
-        route = held.route
-        if route is not None and route.max_in_flight is not None:
-            self._topic_load[held.message.topic] -= 1
-            self._signal()
-
-    def _written(self, held: Held) -> None:
-        """``held``'s outcome is in the store (or given up): free its slot."""
-        if self._held.pop(held.message.id, None) is not None:
-            self._held_bytes -= len(held.message.payload)
-            self._signal()
-            if held.acked and held.message.key is not None and not held.followed:
-                # The ack unparked the key's next message: claim it now, not
-                # an interval later (nobody notifies an unpark).
-                self.wake()
-
-    async def _until(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition()`` holds (re-checked whenever a slot or worker frees)."""
-        while not condition():
-            self._changed = anyio.Event()
-            if condition():
-                break
-            await self._changed.wait()
-
-    def _signal(self) -> None:
-        if self._changed is not None and not self._changed.is_set():
-            self._changed.set()

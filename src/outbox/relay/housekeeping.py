@@ -16,6 +16,7 @@ from outbox.clock import Clock
 from outbox.errors import StoreUnavailable, first_line
 from outbox.relay.config import RelayConfig
 from outbox.relay.fleet import Fleet
+from outbox.relay.inflight import InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Router
 from outbox.store import RelayStore
@@ -33,6 +34,7 @@ class Housekeeping:
     router: Router
     metrics: RelayMetrics
     fleet: Fleet
+    _held: InFlight
     housekeeping_failing: bool
     _routes_at: dt.datetime | None
     _beat_at: dt.datetime | None
@@ -42,9 +44,6 @@ class Housekeeping:
     _local: Clock
 
     async def _sleep(self, seconds: float, slack: float | None = None) -> None:
-        raise NotImplementedError
-
-    def _signal(self) -> None:
         raise NotImplementedError
 
     async def housekeep(self, *, force: bool = False) -> None:
@@ -75,7 +74,7 @@ class Housekeeping:
                 await self._housekeep_until_stopped()
             finally:
                 self._housekeeping_done = True
-                self._signal()
+                self._held.signal()
 
     async def _housekeep_until_stopped(self) -> None:
         interval = self.config.interval.total_seconds()

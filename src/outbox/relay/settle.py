@@ -63,7 +63,9 @@ class Held:
     """A message this relay has claimed and not yet settled."""
 
     message: Message
-    route: Route
+    route: Route | None
+    """How its topic is delivered (None: no route serves its topic any more, the
+    registry changed since the claim; it is released for another relay)."""
     lease_end: float
     """When its lease ends, on the monotonic clock (a little early: measured
     before the claim was sent)."""
