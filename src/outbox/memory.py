@@ -162,10 +162,6 @@ class MemoryStore(MemoryKeys):
             self._run(claimed, run, limit if room is None else room, max_bytes, now, until, token)
         return claimed
 
-    async def ack(self, message_id: uuid.UUID) -> None:
-        if self._rows.pop(message_id, None) is None:
-            raise NotFound(message_id)
-
     async def ack_many(
         self,
         message_ids: Sequence[uuid.UUID],

@@ -117,10 +117,6 @@ class RelayStore(Protocol):
         """
         ...
 
-    async def ack(self, message_id: uuid.UUID) -> None:
-        """Remove a delivered message. Raises NotFound if it is not there."""
-        ...
-
     async def ack_many(
         self,
         message_ids: Sequence[uuid.UUID],

@@ -32,7 +32,7 @@ async def test_gauges_count_pending_buried_and_oldest_age(store: Store[Any]) -> 
     assert gauge("outbox_pending_messages") == 1
     assert gauge("outbox_oldest_pending_age_seconds") == 240
 
-    await store.ack(waiting.id)
+    await store.ack_many([waiting.id])
     await store.purge_buried(dt.timedelta(0), now=now + dt.timedelta(seconds=1))
     await backlog.refresh()
 

@@ -133,7 +133,7 @@ async def test_ack_removes_message(store: Store[Any]) -> None:
     await add(store, m)
     await store.claim(T0, LEASE, 10)
 
-    await store.ack(m.id)
+    assert await store.ack_many([m.id]) == {m.id}
 
     with pytest.raises(NotFound):
         await store.get(m.id)
@@ -209,11 +209,10 @@ async def test_bury_without_time_uses_wall_clock(store: Store[Any]) -> None:
     assert before <= state.buried_at <= dt.datetime.now(dt.UTC)
 
 
-@pytest.mark.parametrize("operation", ["ack", "retry", "bury", "get"])
+@pytest.mark.parametrize("operation", ["retry", "bury", "get"])
 async def test_operations_on_missing_id_raise_not_found(store: Store[Any], operation: str) -> None:
     missing = uuid.uuid4()
     calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "ack": lambda: store.ack(missing),
         "retry": lambda: store.retry(missing, T0, "x"),
         "bury": lambda: store.bury(missing, "x"),
         "get": lambda: store.get(missing),
@@ -229,10 +228,9 @@ async def test_operations_on_missing_id_raise_not_found(store: Store[Any], opera
 async def test_acked_message_cannot_be_acked_again(store: Store[Any]) -> None:
     m = msg()
     await add(store, m)
-    await store.ack(m.id)
+    assert await store.ack_many([m.id]) == {m.id}
 
-    with pytest.raises(NotFound):
-        await store.ack(m.id)
+    assert await store.ack_many([m.id, uuid.uuid4()]) == set()  # gone: nothing removed
 
 
 @pytest.mark.parametrize(("lease", "limit"), [(dt.timedelta(0), 10), (LEASE, 0)])

@@ -38,7 +38,6 @@ from outbox.store import (
 __all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepalives"]
 
 _CLAIM = QUERIES["message_claim"]
-_ACK = QUERIES["message_ack"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _ACK_RUN = QUERIES["message_ack_run"]
@@ -189,12 +188,6 @@ class PostgresStore(OperatorQueries):
             }
             claimed.extend(_claimed(r, token) for r in await self._fetch(_CLAIM_RUN, more))
         return claimed
-
-    async def ack(self, message_id: uuid.UUID) -> None:
-        rows = await self._fetch(_ACK, {"id": message_id})
-        if not rows:
-            raise NotFound(message_id)
-        await self._unpark(rows)
 
     async def ack_many(
         self,

@@ -273,10 +273,6 @@ ran AS (
 )
 SELECT * FROM ran ORDER BY topic, key, seq;
 
--- message_ack --
--- Remove a delivered message; its topic and key, for key_unpark.
-DELETE FROM outbox_messages WHERE id = %(id)s RETURNING topic, key;
-
 -- message_ack_unkeyed --
 -- message_ack_many for messages without a key: nothing to fence, nothing to
 -- unpark, nothing to return.
