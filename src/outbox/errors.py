@@ -22,6 +22,8 @@ __all__ = [
     "PayloadMismatch",
     "Permanent",
     "RetryAfter",
+    "SchemaMissing",
+    "StoreError",
     "StoreUnavailable",
     "Unavailable",
     "first_line",
@@ -141,6 +143,18 @@ class StoreUnavailable(OutboxError):
 
     Transient by nature: the relay logs it and tries again with a capped backoff.
     """
+
+
+class StoreError(OutboxError):
+    """A statement of the store failed in the database for a reason other than the
+    connection (StoreUnavailable): a missing privilege, a constraint, a bad value.
+
+    Its message is the server's first line, which never quotes a password.
+    """
+
+
+class SchemaMissing(StoreError):
+    """The outbox's tables or columns are not there (or not all): run ``outbox migrate``."""
 
 
 class MigrationBlocked(OutboxError):

@@ -17,11 +17,13 @@ from prometheus_client import CollectorRegistry
 
 import outbox
 from outbox import Message, Relay, RelayConfig, StoreUnavailable, new_message
+from outbox.errors import SchemaMissing, StoreError
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.connection import KEEPALIVES, connect
 from outbox.postgres.queries import QUERIES, migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
 from tests.clock import T0
+from tests.conftest import fresh_schema
 
 LEASE = dt.timedelta(minutes=2)
 
@@ -341,3 +343,26 @@ async def test_a_key_whose_head_went_without_unparking_is_repaired_by_the_sweep(
     await pg_store.bury_unserved(dt.timedelta(minutes=10), now=T0)
 
     assert [m.id for m in await pg_store.claim(T0, LEASE, 10)] == [behind.id]
+
+
+async def test_the_stores_database_errors_are_its_own_and_an_applications_stay_psycopgs(
+    postgres_url: str, pg_store: PostgresStore
+) -> None:
+    with fresh_schema(postgres_url) as empty:
+        async with connect_pool(empty, min_size=1, max_size=2) as pool:
+            unmigrated = PostgresStore(pool)
+            with pytest.raises(SchemaMissing, match=r"run `outbox migrate`$") as missing:
+                await unmigrated.topics()
+            assert isinstance(missing.value.__cause__, psycopg.errors.UndefinedTable)
+            with pytest.raises(SchemaMissing):
+                await unmigrated.claim(T0, LEASE, 10)
+
+    with pytest.raises(StoreError, match=r"^database error: LIMIT must not be negative$"):
+        await pg_store.list_buried(limit=-1)
+
+    # What an application runs in its own transaction is its business: untouched.
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        async with pg_store.begin() as tx:
+            await pg_store.add(tx, new_message("orders.placed", {}, T0))
+            await tx.execute("SELECT * FROM no_such_table")
+    assert await pg_store.claim(T0, LEASE, 10) == []  # rolled back with it

@@ -65,6 +65,10 @@ OWNERS = {
     # The environment is read at the edge: the settings leaf, the kinds'
     # settings and the service; never by the relay or the core.
     "pydantic_settings": {"settings", "handlers/settings", "service"},
+    # The driver: its errors are translated in postgres/errors.py; the service
+    # opens its start-up connections and parses conninfo strings.
+    "psycopg": {"postgres", "service/process", "service/cli/common"},
+    "psycopg_pool": {"postgres"},
 }
 """Which modules may import each optional library, at module level or inside a
 function (a kind's client is imported when a topic names it)."""

@@ -13,7 +13,6 @@ import secrets
 from typing import Any
 
 import kopf
-import psycopg
 from prometheus_client import Counter
 
 from outbox.clock import Clock, system_clock
@@ -26,7 +25,7 @@ from outbox.controller.reconcile import (
     source_of,
     unavailable,
 )
-from outbox.errors import StoreUnavailable, first_line
+from outbox.errors import StoreError, StoreUnavailable, first_line
 from outbox.handler import HandlerKind
 from outbox.handlers import HandlerKinds
 from outbox.handlers.mail.topics import TOPICS
@@ -120,7 +119,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
                 # Each OutboxTopic's timer reads the fleet's last count, not a count of its own.
                 every = dt.timedelta(seconds=config.status_interval)
                 status.update(await backlog(store(), status["topic"], config.clock(), every))
-        except (StoreUnavailable, psycopg.Error) as exc:
+        except (StoreUnavailable, StoreError) as exc:
             reason = first_line(exc, typed=False)
             outcome = unavailable(reason.removeprefix("outbox: "), now, previous)
             status = dict(outcome.status)
@@ -171,7 +170,7 @@ def build_registry(config: ControllerConfig) -> kopf.OperatorRegistry:
         try:
             existing: kopf.Index[str, None] = kwargs["governing"]
             gone = await prune(store(), set(existing), namespaces=config.namespaces)
-        except (StoreUnavailable, psycopg.Error):
+        except (StoreUnavailable, StoreError):
             return  # apply() has said so in the status
         if gone:
             log.info("removed registry entries of deleted OutboxTopics: %s", gone)

@@ -54,7 +54,9 @@ class OperatorQueries:
     pool: psycopg_pool.AsyncConnectionPool
     deadline: float
 
-    def _translated(self, *, bounded: bool = True) -> AbstractAsyncContextManager[None]:
+    def _translated(
+        self, *, bounded: bool = True, statements: bool = True
+    ) -> AbstractAsyncContextManager[None]:
         raise NotImplementedError
 
     def _bounded(self, seconds: float | None = None) -> AbstractAsyncContextManager[None]:

@@ -18,10 +18,11 @@ import psycopg
 import psycopg_pool
 
 from outbox.durations import format_duration
-from outbox.errors import NotFound, StoreUnavailable, first_line
+from outbox.errors import NotFound, StoreUnavailable
 from outbox.message import Message
 from outbox.postgres.claims import BY_TOPIC, claim_params
 from outbox.postgres.connection import keepalives
+from outbox.postgres.errors import translate
 from outbox.postgres.operator import OperatorQueries
 from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
@@ -102,9 +103,13 @@ class PostgresStore(OperatorQueries):
             ) from None
 
     @asynccontextmanager
-    async def _translated(self, *, bounded: bool = True) -> AsyncIterator[None]:
+    async def _translated(
+        self, *, bounded: bool = True, statements: bool = True
+    ) -> AsyncIterator[None]:
         """Turn 'cannot reach the database' errors into StoreUnavailable, within
-        the deadline unless ``bounded`` is False.
+        the deadline unless ``bounded`` is False; with ``statements`` (the store's
+        own, not an application's inside begin()), a missing table or column
+        into SchemaMissing and any other database error into StoreError.
 
         A lost connection usually means every idle one in the pool is lost
         too (the server restarted): check them all now, so the next call gets
@@ -116,13 +121,15 @@ class PostgresStore(OperatorQueries):
                     yield
             else:
                 yield
-        except psycopg.OperationalError as exc:  # psycopg_pool.PoolTimeout is one too
-            with anyio.move_on_after(2):
-                with suppress(psycopg.Error):
-                    await self.pool.check()
-            raise StoreUnavailable(
-                f"outbox: database unavailable: {first_line(exc, typed=False)}"
-            ) from exc
+        except psycopg.Error as exc:
+            found = translate(exc)
+            if isinstance(found, StoreUnavailable):
+                with anyio.move_on_after(2):
+                    with suppress(psycopg.Error):
+                        await self.pool.check()
+            elif not statements:
+                raise
+            raise found from exc
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -131,7 +138,7 @@ class PostgresStore(OperatorQueries):
         Once committed, relays are woken for the messages added in it.
         """
         async with (
-            self._translated(bounded=False),
+            self._translated(bounded=False, statements=False),
             self.pool.connection() as conn,
             transaction(conn),
         ):

@@ -6,10 +6,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-import psycopg
 from pydantic import ValidationError
 
-from outbox.errors import ConfigError, NotFound, OutboxError, first_line
+from outbox.errors import ConfigError, NotFound, OutboxError, SchemaMissing
 from outbox.service import logs
 from outbox.service.cli import buried, controller, env, keys, migrate, relay, relays, topics
 from outbox.service.cli.common import Parser
@@ -36,15 +35,6 @@ def _one_error(exc: BaseException) -> BaseException:
     return exc
 
 
-def _database_error(exc: psycopg.Error) -> str:
-    """A database error in one line, without anything that could quote a password."""
-    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
-        return (
-            "OUTBOX_DATABASE_URL: the outbox schema is missing or out of date: run `outbox migrate`"
-        )
-    return "database error: " + logs.redact(first_line(exc, typed=False))
-
-
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command (outbox.service.cli.main wraps it)."""
     parser = _parser()
@@ -59,6 +49,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except BaseException as raw:
         exc = _one_error(raw)
+        if "psycopg" in sys.modules:  # a database error from beside the store
+            from outbox.postgres.errors import translated
+
+            exc = translated(exc) or exc
         if isinstance(exc, ValidationError):
             exc = config_error(ServiceSettings, exc)
         if isinstance(exc, ConfigError | NotFound):
@@ -69,11 +63,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, ForcedExit):
             print(f"{prog}: {exc}", file=sys.stderr)
             return exc.exit_code
+        if isinstance(exc, SchemaMissing):
+            print(f"{prog}: OUTBOX_DATABASE_URL: {exc}", file=sys.stderr)
+            return 1
         if isinstance(exc, OutboxError):
             print(f"{prog}: {logs.redact(str(exc))}", file=sys.stderr)
-            return 1
-        if isinstance(exc, psycopg.Error):
-            print(f"{prog}: {_database_error(exc)}", file=sys.stderr)
             return 1
         if isinstance(exc, KeyboardInterrupt):
             return 130
