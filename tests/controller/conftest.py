@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import gc
 import threading
@@ -142,11 +143,15 @@ async def operator(
     settings = operator_settings(events=True)
     settings.peering.lifetime = 5
     stop, ready = threading.Event(), threading.Event()
+    cleaned: list[asyncio.Event] = []  # made in kopf's loop
 
-    def operate() -> None:
-        # kopf gets a loop of its own: in the test's loop its exit would cancel
-        # the test framework's tasks.
-        asyncio.run(
+    @kopf.on.cleanup(registry=registry)
+    async def last(**_: Any) -> None:
+        cleaned[0].set()
+
+    async def exit_at_cleanup() -> None:
+        cleaned.append(asyncio.Event())
+        op = asyncio.ensure_future(
             kopf.operator(
                 registry=registry,
                 settings=settings,
@@ -158,6 +163,19 @@ async def operator(
                 ready_flag=ready,
             )
         )
+        # Stopping, kopf gives the timers that late watch events spawned 5 s
+        # to end by themselves (ours never do: a timer repeats); once its
+        # cleanup ran nothing of the operator is left to wait for.
+        done = asyncio.ensure_future(cleaned[0].wait())
+        await asyncio.wait({op, done}, return_when=asyncio.FIRST_COMPLETED)
+        done.cancel()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(op, 0.2)
+
+    def operate() -> None:
+        # kopf gets a loop of its own: in the test's loop its exit would cancel
+        # the test framework's tasks.
+        asyncio.run(exit_at_cleanup())
 
     thread = threading.Thread(target=operate, name=name, daemon=True)
     thread.start()
