@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 import socket
-import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -438,44 +437,3 @@ def test_outside_a_transaction_nothing_is_stored(seeded: str) -> None:
         add_sync(conn, new_message("orders.placed", {"n": 4}, NOW))
 
     assert snapshot(seeded) == before
-
-
-# -- passwords that are hard to quote ---------------------------------------------------------
-
-PASSWORDS = ["Pa55 w0rdTail", "it's\"Quoted9", "p@ss@Word77", "100%Sure99", "mix @%' \"End42"]
-
-
-def _forms(password: str) -> dict[str, str]:
-    """The password in each way a user writes a DSN, right and wrong."""
-    quoted = password.replace("\\", "\\\\").replace("'", "\\'")
-    return {
-        "url": f"postgresql://app:{password}@127.0.0.1:1/db",
-        "url-encoded": f"postgresql://app:{urllib.parse.quote(password, safe='')}@127.0.0.1:1/db",
-        "keywords": f"host=127.0.0.1 port=1 user=app password={password} dbname=db",
-        "keywords-quoted": f"host=127.0.0.1 port=1 user=app password='{quoted}' dbname=db",
-    }
-
-
-def _pieces(password: str) -> set[str]:
-    """What must not appear: the password, encoded, and each run of 3+ letters or digits."""
-    return {
-        password,
-        urllib.parse.quote(password, safe=""),
-        *(run for run in re.findall(r"[A-Za-z0-9]+", password) if len(run) >= 3),
-    }
-
-
-@pytest.mark.parametrize("password", PASSWORDS)
-@pytest.mark.parametrize("form", ["url", "url-encoded", "keywords", "keywords-quoted"])
-def test_a_database_url_error_never_quotes_the_password(password: str, form: str) -> None:
-    command = ("relay",) if form.startswith("url") else ("buried", "list")
-
-    result = run_outbox(*command, OUTBOX_DATABASE_URL=_forms(password)[form], **RELAY)
-
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"outbox {' '.join(command)}: OUTBOX_DATABASE_URL: ")
-    # Refused as written (2), or parsed and unreachable (1): never anything else.
-    assert result.returncode == (1 if "cannot connect" in lines[0] else 2), lines[0]
-    for piece in _pieces(password):
-        assert piece not in result.stderr, f"{piece!r} in {lines[0]!r}"
