@@ -19,7 +19,6 @@ receiver continues the same trace.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import logging
 import os
 import re
@@ -154,6 +153,8 @@ class DeliveryTracer:
     """Starts the relay's delivery spans on ``provider`` (None: the global one)."""
 
     def __init__(self, provider: TracerProvider | None = None) -> None:
+        import importlib.metadata
+
         self._otel = otel = _otel()
         try:
             version = importlib.metadata.version("outbox-relay")
@@ -266,6 +267,8 @@ def configure_from_env() -> DeliveryTracer | None:
 
 
 def _exporter(name: str) -> Any:
+    import importlib.metadata
+
     from outbox.errors import ConfigError
 
     if name == "otlp":

@@ -21,9 +21,8 @@ import datetime as dt
 import email.utils
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -38,6 +37,9 @@ from outbox.headers import check_header
 from outbox.message import Message
 from outbox.tracing import tracing, with_trace
 from outbox.webhooks import signature_headers
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["KIND", "SECRET_PREFIX", "WebhookConfig", "WebhookKind"]
 
@@ -118,6 +120,10 @@ class WebhookKind:
         return cfg
 
     def __call__(self, config: Mapping[str, Any]) -> Handler:
+        # Imported by a relay that delivers to a webhook, not by every command
+        # that reads a topic's config (the CLI starts faster without it).
+        import aiohttp
+
         cfg = self.check(config)
         url = cfg.url
         where = origin(parse_url(url))
@@ -170,6 +176,8 @@ class WebhookKind:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            import aiohttp
+
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=100),
                 # The relay's deadline bounds each delivery; no second clock here.

@@ -1,17 +1,28 @@
 """The relay: claim due messages under fenced leases, deliver, settle; one of a fleet.
 
-Parts: ``core`` (the pipeline), ``settle`` (outcomes, written in batches and
-fenced), ``routing`` (topic -> handler and limits), ``fleet`` (registration,
-clock skew, the unserved sweep), ``backoff``.
+Parts: ``core`` (the pipeline), ``deliver`` and ``inflight`` (what it holds and
+hands to handlers), ``settle`` (outcomes, written in batches and fenced),
+``routing`` (topic -> handler and limits), ``fleet`` (registration, clock skew,
+the unserved sweep), ``backoff``, ``config``.
+
+Names load on first use: reading a RelayConfig (``outbox.relay.config``)
+loads no pipeline, metrics or event loop library.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from outbox.clock import Clock, system_clock
 from outbox.handler import Handler, HandlerKind
+
+# Its module's name: imported here, so the package's attribute is the function.
 from outbox.relay.backoff import backoff
-from outbox.relay.core import Relay
-from outbox.relay.settle import clean_reason
+
+if TYPE_CHECKING:
+    from outbox.relay.core import Relay
+    from outbox.relay.settle import clean_reason
 
 __all__ = [
     "Clock",
@@ -22,3 +33,15 @@ __all__ = [
     "clean_reason",
     "system_clock",
 ]
+
+_LAZY = {
+    "Relay": "outbox.relay.core",
+    "clean_reason": "outbox.relay.settle",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
