@@ -120,7 +120,7 @@ def test_an_upgrade_from_an_earlier_release_never_stalls_producers(pg_conninfo: 
     producers writing and one use case 3 s inside its transaction: the upgrade
     completes and no producer waits a second."""
     earlier_release(pg_conninfo, BACKLOG)
-    with writing(pg_conninfo) as waits:
+    with writing(pg_conninfo, until_refused=True) as waits:
         result = run_outbox_within(120, "migrate", OUTBOX_DATABASE_URL=pg_conninfo)
 
     assert result.returncode == 0, result.stderr

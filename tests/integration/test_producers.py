@@ -323,7 +323,7 @@ def test_django_migrate_waits_in_short_steps_and_never_stalls_producers(
         )
     call_command("migrate", "outbox", "0001", verbosity=0)  # the release before the indexes
     caplog.set_level(logging.WARNING, logger="outbox")
-    with writing(pg_conninfo, producers=1, hold=2) as waits:
+    with writing(pg_conninfo, producers=1, hold=2, until_refused=True) as waits:
         call_command("migrate", "outbox", verbosity=0)
 
     assert "trying again" in caplog.text
