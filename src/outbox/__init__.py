@@ -10,7 +10,7 @@ relay and its configuration load on first use (the ``relay`` extra).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outbox.clock import Clock, system_clock
 from outbox.errors import (
@@ -26,6 +26,7 @@ from outbox.errors import (
     StoreUnavailable,
     Unavailable,
 )
+from outbox.lazy import loader
 from outbox.message import Message, new_message
 from outbox.store import Store, StoredMessage
 
@@ -59,20 +60,13 @@ __all__ = [
     "uow",
 ]
 
-_LAZY = {
-    "Handler": "outbox.relay",
-    "Relay": "outbox.relay",
-    "backoff": "outbox.relay",
-    "RelayConfig": "outbox.relay.config",
-}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name == "uow":
-        return importlib.import_module("outbox.uow")
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = loader(
+    __name__,
+    {
+        "Handler": "outbox.relay",
+        "Relay": "outbox.relay",
+        "backoff": "outbox.relay",
+        "RelayConfig": "outbox.relay.config",
+        "uow": None,
+    },
+)

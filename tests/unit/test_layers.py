@@ -32,6 +32,7 @@ CORE = {
     "memory",
     "memory_keys",
     "keys",
+    "lazy",
     "records",
     "durations",
     "postgres",

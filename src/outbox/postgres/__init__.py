@@ -6,8 +6,9 @@ migrations load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from outbox.lazy import loader
 from outbox.postgres.producer import (
     add,
     add_sync,
@@ -36,19 +37,13 @@ __all__ = [
     "wake_sync",
 ]
 
-_LAZY = {
-    "PostgresStore": "outbox.postgres.store",
-    "connect_pool": "outbox.postgres.pool",
-    "migrate": "outbox.postgres.schema",
-    "migrations_sql": "outbox.postgres.schema",
-    "pending": "outbox.postgres.schema",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = loader(
+    __name__,
+    {
+        "PostgresStore": "outbox.postgres.store",
+        "connect_pool": "outbox.postgres.pool",
+        "migrate": "outbox.postgres.schema",
+        "migrations_sql": "outbox.postgres.schema",
+        "pending": "outbox.postgres.schema",
+    },
+)

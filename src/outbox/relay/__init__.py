@@ -11,11 +11,11 @@ loads no pipeline, metrics or event loop library.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outbox.clock import Clock, system_clock
 from outbox.handler import Handler, HandlerKind
+from outbox.lazy import loader
 
 # Its module's name: imported here, so the package's attribute is the function.
 from outbox.relay.backoff import backoff
@@ -34,14 +34,6 @@ __all__ = [
     "system_clock",
 ]
 
-_LAZY = {
-    "Relay": "outbox.relay.core",
-    "clean_reason": "outbox.relay.settle",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = loader(
+    __name__, {"Relay": "outbox.relay.core", "clean_reason": "outbox.relay.settle"}
+)
