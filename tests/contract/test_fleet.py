@@ -350,7 +350,9 @@ async def test_a_stale_release_on_stop_does_not_hand_back_the_new_holders_messag
         entered.set()
         await anyio.sleep_forever()
 
-    a = fleet.relay({"orders.placed": hang}, timeout="200ms", lease="2m", interval="10ms")
+    # The timeout must outlast the claim below (B takes the message while A's
+    # handler still runs); A only hits it once stopping.
+    a = fleet.relay({"orders.placed": hang}, timeout="1s", lease="2m", interval="10ms")
     m = await fleet.add("orders.placed")
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
