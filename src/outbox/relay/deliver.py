@@ -78,9 +78,10 @@ class Deliveries:
         for m in claimed:
             if runs and m.key is not None and len(runs[m.topic, m.key]) > 1:
                 continue
-            route = self._admit(held[m.id])
+            h = held[m.id]
+            route = self._admit(h)
             if route is not None:
-                self._queue.append((held[m.id], route))
+                self._queue.append((h, route))
         for run in runs.values():
             if len(run) > 1:
                 for h in run[:-1]:
