@@ -42,6 +42,7 @@ _CLAIM = QUERIES["message_claim"]
 _ACK_MANY = QUERIES["message_ack_many"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _ACK_RUN = QUERIES["message_ack_run"]
+_ACK_KEYED = QUERIES["message_ack_keyed"]
 _KEY_UNPARK = QUERIES["key_unpark"]
 _CLAIM_RUN = QUERIES["message_claim_run"]
 _KEY_REPAIR = QUERIES["key_repair"]
@@ -201,7 +202,7 @@ class PostgresStore(OperatorQueries):
         message_ids: Sequence[uuid.UUID],
         *,
         tokens: Collection[uuid.UUID] | None = None,
-        followed: Collection[tuple[str, str]] = (),
+        keys: Collection[tuple[str, str]] | None = None,
         keyed: bool = True,
         durable: bool = True,
     ) -> set[uuid.UUID]:
@@ -214,11 +215,25 @@ class PostgresStore(OperatorQueries):
         params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
         if not keyed and not durable:
             return {r[0] for r in await self._fetch(_ACK_RUN, params)}
-        [(ids, topics, keys)] = await self._fetch(_ACK_MANY, params)
+        if keys is not None:
+            return await self._ack_and_unpark(params, keys)
+        [(ids, topics, keys_gone)] = await self._fetch(_ACK_MANY, params)
         if topics:
-            skip = set(followed)
-            await self._unpark(p for p in zip(topics, keys, strict=True) if p not in skip)
+            await self._unpark(zip(topics, keys_gone, strict=True))
         return set(ids)
+
+    async def _ack_and_unpark(
+        self, params: dict[str, Any], keys: Collection[tuple[str, str]]
+    ) -> set[uuid.UUID]:
+        """message_ack_keyed, then key_unpark of ``keys``: one transaction, one round trip."""
+        pairs = sorted(set(keys))
+        async with self._translated(), self.pool.connection() as conn:
+            async with conn.pipeline():
+                cur = await conn.execute(_ACK_KEYED, params)
+                if pairs:
+                    topics, names = zip(*pairs, strict=True)
+                    await conn.execute(_KEY_UNPARK, {"topics": list(topics), "keys": list(names)})
+            return {r[0] for r in await cur.fetchall()}
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
         """Unpark the next message of each key whose head just left (key_unpark)."""

@@ -293,6 +293,19 @@ WHERE id = ANY(%(ids)b::uuid[])
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING id;
 
+-- message_ack_keyed --
+-- message_ack_many when the caller names the keys to unpark: the fenced DELETE
+-- alone, returning the ids removed. key_unpark follows in the same
+-- transaction (one round trip, pipelined): the DELETE waits for every claim
+-- that read a removed head FOR KEY SHARE, and key_unpark, a statement of its
+-- own with a snapshot taken after that, sees every message they parked; a
+-- claim that comes later waits for this transaction and then finds the head
+-- gone. Ack and unpark commit together.
+DELETE FROM outbox_messages
+WHERE id = ANY(%(ids)b::uuid[])
+  AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
+RETURNING id;
+
 -- message_ack_many --
 -- Remove a batch of delivered messages in one round trip. A message without a
 -- key is not fenced: once delivered it needs no further delivery, whoever

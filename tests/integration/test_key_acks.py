@@ -1,0 +1,90 @@
+"""A keyed ack and the unpark of its key's next message, against real PostgreSQL:
+what a claim parks while the ack waits for it is unparked by that same ack."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+import psycopg
+
+from outbox import new_message
+from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.postgres.queries import QUERIES
+from outbox.postgres.store import claim_params
+from tests.clock import T0
+from tests.contract.test_pipeline import eventually
+
+LEASE = dt.timedelta(minutes=2)
+TOPIC = "orders.events"
+
+
+async def _waiting_on_a_lock(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM outbox_messages%'"
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def test_an_ack_unparks_what_a_claim_parked_behind_its_head_while_it_waited(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    await _ack_while_a_claim_parks(pg_store, pg_conninfo)
+
+
+def test_behind_a_transaction_pooler_an_ack_still_unparks_what_a_claim_parked_meanwhile(
+    scratch_db: str,
+) -> None:
+    from tests.integration.pooler import pgbouncer, warm
+
+    anyio.run(migrate, scratch_db)
+    with pgbouncer(scratch_db) as pooled:
+        warm(pooled)
+
+        async def run() -> None:
+            async with connect_pool(pooled, min_size=1, max_size=4) as pool:
+                await _ack_while_a_claim_parks(PostgresStore(pool), scratch_db)
+
+        anyio.run(run)
+
+
+async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> None:
+    """A keyed head is acked (naming its key) while another relay's claim, left
+    open, has read it FOR KEY SHARE and parked the next message behind it."""
+    head, after = (new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2))
+    async with store.begin() as tx:
+        await store.add(tx, head, after)
+    [held] = await store.claim(T0, LEASE, 1)
+    assert held.id == head.id
+
+    removed: set[object] = set()
+
+    async def ack() -> None:
+        removed.update(
+            await store.ack_many(
+                [held.id],
+                tokens=[held.lease],  # type: ignore[list-item]
+                keys={(TOPIC, "order-1")},
+            )
+        )
+
+    async with (
+        await psycopg.AsyncConnection.connect(claimer_url) as claimer,
+        await psycopg.AsyncConnection.connect(claimer_url, autocommit=True) as watcher,
+    ):
+        # Another relay's claim, left open: it reads the head FOR KEY SHARE and
+        # parks the next message behind it.
+        params = claim_params(T0, LEASE, 10, None)
+        cur = await claimer.execute(QUERIES["message_claim"], {**params, "token": None})
+        assert [r for r in await cur.fetchall() if r[0] is not None] == []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ack)
+            await eventually("the ack waits for the claim", lambda: _waiting_on_a_lock(watcher))
+            assert not removed
+            await claimer.commit()
+
+    assert removed == {head.id}
+    [unparked] = await store.claim(T0, LEASE, 10)
+    assert unparked.id == after.id, "the parked message is its key's head now"
