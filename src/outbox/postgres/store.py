@@ -8,6 +8,7 @@ change it belongs to. Relays claim, ack, retry and bury through the pool.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -226,21 +227,19 @@ class PostgresStore(OperatorQueries):
         self, params: dict[str, Any], keys: Collection[tuple[str, str]]
     ) -> set[uuid.UUID]:
         """message_ack_keyed, then key_unpark of ``keys``: one transaction, one round trip."""
-        pairs = sorted(set(keys))
+        pairs = _pairs(keys)
         async with self._translated(), self.pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(_ACK_KEYED, params)
-                if pairs:
-                    topics, names = zip(*pairs, strict=True)
-                    await conn.execute(_KEY_UNPARK, {"topics": list(topics), "keys": list(names)})
+                if pairs is not None:
+                    await conn.execute(_KEY_UNPARK, {"pairs": pairs})
             return {r[0] for r in await cur.fetchall()}
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
         """Unpark the next message of each key whose head just left (key_unpark)."""
-        pairs = sorted({(t, k) for t, k in gone if k is not None})
-        if pairs:
-            topics, keys = zip(*pairs, strict=True)
-            await self._count(_KEY_UNPARK, {"topics": list(topics), "keys": list(keys)})
+        pairs = _pairs((t, k) for t, k in gone if k is not None)
+        if pairs is not None:
+            await self._count(_KEY_UNPARK, {"pairs": pairs})
 
     async def retry_many(
         self,
@@ -403,6 +402,13 @@ class PostgresStore(OperatorQueries):
             if cur.rowcount == 0:
                 raise NotFound(params["id"])
             return True
+
+
+def _pairs(keys: Iterable[tuple[str, str]]) -> str | None:
+    """key_unpark's parameter: the distinct (topic, key) pairs as a JSON array,
+    sorted (concurrent unparks lock rows in one order); None for none."""
+    pairs = sorted(set(keys))
+    return json.dumps(pairs, separators=(",", ":")) if pairs else None
 
 
 def _claimed(r: Any, token: uuid.UUID) -> Message:

@@ -327,7 +327,9 @@ SELECT coalesce(array_agg(id), '{}'), array_agg(topic) FILTER (WHERE key IS NOT 
 FROM gone;
 
 -- key_unpark --
--- Unpark the head of each key of %(topics)s and %(keys)s (pairs): its first
+-- Unpark the head of each key of %(pairs)s (a JSON array of [topic, key]
+-- pairs: one text the relay's json module writes, where two text arrays cost
+-- it a dump of every element; in the order given): its first
 -- message that is not acked (nor buried, where its topic skips buried ones),
 -- if a claim parked it. Run after the ack, burial or purge that removed the
 -- earlier head committed, in a statement of its own: a claim parks a message
@@ -339,7 +341,7 @@ FROM gone;
 -- look into an empty range of that index. Nothing is locked but what is
 -- unparked.
 UPDATE outbox_messages AS m SET leased_until = NULL
-FROM unnest(%(topics)b::text[], %(keys)b::text[]) AS k(topic, key)
+FROM (SELECT e->>0 AS topic, e->>1 AS key FROM json_array_elements(%(pairs)s::json) AS e) AS k
 CROSS JOIN LATERAL (
     SELECT p.id, p.seq FROM outbox_messages AS p
     WHERE p.topic = k.topic AND p.key = k.key AND p.leased_until = 'infinity'
