@@ -199,26 +199,30 @@ first_orphan AS MATERIALIZED (
 ),
 -- One UPDATE claims what was picked and parks what waits behind a head (a
 -- second data-modifying statement cost every claim a tenth, keys or none).
+-- Rows are found by id through the primary key, and joined to nothing: a
+-- join with the picked rows was planned, by the planner's guess of their
+-- number, as a hash of the whole table or as a loop comparing every pair.
+-- What the join brought is the row's own (locked above, so unchanged): an
+-- orphan is a picked row under a lease (leased_until <= now), its lease_solo
+-- the row's; a parked row is one of behind (a hashed look-up).
 claimed AS (
     UPDATE outbox_messages AS m
     SET attempts = CASE
-            WHEN p.park OR %(solo)s AND p.orphan AND NOT p.lease_solo THEN m.attempts
+            WHEN m.id IN (SELECT id FROM behind)
+                 OR %(solo)s AND m.leased_until IS NOT NULL AND NOT m.lease_solo THEN m.attempts
             ELSE m.attempts + 1
         END,
-        leased_until = CASE WHEN p.park THEN 'infinity' ELSE clock.now + %(lease)s END,
-        lease_token = CASE WHEN NOT p.park THEN %(token)s::uuid END,
-        lease_solo = %(solo)s AND NOT p.park
-    FROM clock, (
-        SELECT id, due_at, orphan, lease_solo, false park FROM picked
-        UNION ALL
-        -- Not an orphan, no due_at: both conditions below let it through.
-        SELECT id, NULL, false, false, true FROM behind
-    ) AS p
-    WHERE m.id = p.id
-      AND (%(solo)s OR NOT %(isolate)s OR NOT p.orphan)
-      -- Nothing behind an orphan is taken before the orphan is delivered.
-      AND (%(solo)s OR NOT %(isolate)s OR NOT EXISTS (
-          SELECT 1 FROM first_orphan AS f WHERE (p.due_at, p.id) > (f.due_at, f.id)))
+        leased_until = CASE WHEN m.id IN (SELECT id FROM behind) THEN 'infinity'
+                            ELSE clock.now + %(lease)s END,
+        lease_token = CASE WHEN m.id NOT IN (SELECT id FROM behind) THEN %(token)s::uuid END,
+        lease_solo = %(solo)s AND m.id NOT IN (SELECT id FROM behind)
+    FROM clock
+    WHERE m.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM behind))
+      -- Isolating, an orphan is left for a solo claim, and nothing behind it
+      -- in line is taken before it is delivered (a parked row is not taken).
+      AND (%(solo)s OR NOT %(isolate)s OR m.id IN (SELECT id FROM behind)
+           OR m.leased_until IS NULL AND NOT EXISTS (
+               SELECT 1 FROM first_orphan AS f WHERE (m.due_at, m.id) > (f.due_at, f.id)))
     RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
 )
 SELECT c.*, p.orphan
