@@ -1,7 +1,7 @@
 """The claim statement alone: the working tree's against an earlier commit's, no relay.
 
 Each side gets a fresh schema built by its own migrations, N due messages, and
-a loop that claims 100 and acks the batch claimed four claims earlier (so 400
+a loop that claims 100 (--limit) and acks the batch claimed four claims earlier (so 400
 rows are in flight, as with a relay's default concurrency) until the table is
 empty. Prints messages per second per round, side by side.
 
@@ -89,7 +89,7 @@ def topics_param(claim: bytes, topics: list[str]) -> list[str] | str:
     return ",".join(topics) if b"string_to_array(%(topics)s" in claim else topics
 
 
-def drain(url: str, rev: str | None, n: int) -> float:
+def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = False) -> float:
     with migrated_at(url, rev) as conn:
         conn.execute(
             "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at) "
@@ -106,14 +106,15 @@ def drain(url: str, rev: str | None, n: int) -> float:
         params = {
             "now": None,
             "lease": "2 min",
-            "limit": 100,
-            "topics": topics_param(claim, ["orders.placed"]),
+            "limit": limit,
+            # A relay of every topic (or of more than BY_TOPIC) claims without a list.
+            "topics": None if every else topics_param(claim, ["orders.placed"]),
             "capped": [],
             "caps": [],
             "isolate": True,
             "solo": False,
             "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
-            "by_topic": True,  # one topic, as the store claims it
+            "by_topic": not every,  # one topic, as the store claims it
         }
         in_flight: list[list[uuid.UUID]] = []
         done = 0
@@ -140,12 +141,20 @@ def main() -> int:
     parser.add_argument("--baseline", default="dc36889")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=100, help="rows a claim takes")
+    parser.add_argument(
+        "--every-topic", action="store_true", help="claim as a relay of every topic does"
+    )
     args = parser.parse_args()
     with postgres(args.database_url) as url:
-        print(f"claim 100, ack 4 claims behind; {args.messages} messages; baseline {args.baseline}")
+        which = "every topic" if args.every_topic else "one topic"
+        print(
+            f"claim {args.limit} ({which}), ack {IN_FLIGHT} claims behind; "
+            f"{args.messages} messages; baseline {args.baseline}"
+        )
         for r in range(args.rounds):
-            base = drain(url, args.baseline, args.messages)
-            cur = drain(url, None, args.messages)
+            base = drain(url, args.baseline, args.messages, args.limit, args.every_topic)
+            cur = drain(url, None, args.messages, args.limit, args.every_topic)
             print(
                 f"round {r + 1}: baseline {base:,.0f}/s  current {cur:,.0f}/s ({cur / base:.2f}x)",
                 flush=True,
