@@ -341,11 +341,16 @@ FROM gone;
 -- purge's DELETE waits for, so every parking behind the removed head
 -- committed before this statement began and is in its snapshot. The key's
 -- first parked message (outbox_messages_parked_idx) is its head when nothing
--- live comes before it: a key with nothing parked, the common case, costs one
--- look into an empty range of that index. Nothing is locked but what is
--- unparked.
+-- live comes before it: a key with nothing parked costs one look into an
+-- empty range of that index, and with nothing parked anywhere (a drain of
+-- keys whose heads are acked before a claim reaches their next) the pairs
+-- are not even read: one look into the empty index. Nothing is locked but
+-- what is unparked.
 UPDATE outbox_messages AS m SET leased_until = NULL
-FROM (SELECT e->>0 AS topic, e->>1 AS key FROM json_array_elements(%(pairs)s::json) AS e) AS k
+FROM (
+    SELECT e->>0 AS topic, e->>1 AS key FROM json_array_elements(%(pairs)s::json) AS e
+    WHERE EXISTS (SELECT FROM outbox_messages WHERE leased_until = 'infinity')
+) AS k
 CROSS JOIN LATERAL (
     SELECT p.id, p.seq FROM outbox_messages AS p
     WHERE p.topic = k.topic AND p.key = k.key AND p.leased_until = 'infinity'
