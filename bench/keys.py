@@ -12,10 +12,12 @@ Reported: messages per second, the keyed drains over the unkeyed one, and
 the hot key against the ceiling of any relay that keeps a key's order: one
 connection acking a run's messages one at a time (``serial acks``). With
 ``--statements``, instead: one unkeyed and one keyed drain, with the calls and
-wall time of each statement the store ran (where a drain's time goes).
+wall time of each statement the store ran (where a drain's time goes). With
+``--acks N``: one ack of N claimed messages, unkeyed and keyed (the store
+finding the keys to unpark, or the relay naming them), wall and relay CPU.
 
     python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
-        [--interval 1s] [--statements]
+        [--interval 1s] [--statements | --acks 330]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """
@@ -157,12 +159,56 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
 
         return call
 
+    pipelined = PostgresStore._ack_and_unpark
+
+    async def ack_and_unpark(self: PostgresStore, params: Any, keys: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await pipelined(self, params, keys)
+        finally:
+            entry = spent.setdefault("message_ack_keyed + key_unpark", [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started
+
     PostgresStore._fetch, PostgresStore._count = timed(fetch), timed(count)  # type: ignore[method-assign]
+    PostgresStore._ack_and_unpark = ack_and_unpark  # type: ignore[method-assign]
     try:
         anyio.run(drain, url, keys, interval)
     finally:
         PostgresStore._fetch, PostgresStore._count = fetch, count  # type: ignore[method-assign]
+        PostgresStore._ack_and_unpark = pipelined  # type: ignore[method-assign]
     return spent
+
+
+ACK_WAYS = ("unkeyed", "keyed, the store finds the keys", "keyed, the relay names the keys")
+
+
+async def acks(url: str, n: int, rounds: int = 30) -> dict[str, tuple[float, float]]:
+    """One ack of ``n`` claimed messages (of ``n`` keys), each way of ACK_WAYS:
+    wall and relay CPU milliseconds an ack, the mean of ``rounds``."""
+    import datetime as dt
+
+    lease = dt.timedelta(seconds=30)
+    took: dict[str, tuple[float, float]] = {}
+    for way in ACK_WAYS:
+        keys = [None if way == "unkeyed" else f"k{i % n}" for i in range(n * rounds)]
+        async with stored(url, keys, pool_size=2) as store:
+            wall = cpu = 0.0
+            for _ in range(rounds):
+                got = await store.claim(None, lease, n)
+                ids, tokens = [m.id for m in got], {m.lease for m in got}
+                named = {(m.topic, m.key) for m in got} if way.endswith("names the keys") else None
+                started, used = time.perf_counter(), time.process_time()
+                if way == "unkeyed":
+                    await store.ack_many(ids, keyed=False)
+                elif named is None:  # as every release before the relay named them
+                    await store.ack_many(ids, tokens=tokens)
+                else:
+                    await store.ack_many(ids, tokens=tokens, keys=named)
+                wall += time.perf_counter() - started
+                cpu += time.process_time() - used
+        took[way] = (wall / rounds * 1000, cpu / rounds * 1000)
+    return took
 
 
 def main() -> int:
@@ -181,8 +227,22 @@ def main() -> int:
         action="store_true",
         help="where a drain's time goes, statement by statement",
     )
+    parser.add_argument(
+        "--acks",
+        type=int,
+        metavar="N",
+        help="instead: one ack of N claimed messages, unkeyed and keyed, what it costs",
+    )
     args = parser.parse_args()
     n = args.messages
+    if args.acks:
+        print(f"| round | {' | '.join(ACK_WAYS)} |")
+        print(f"| ---: |{' ---: |' * len(ACK_WAYS)}")
+        for r in range(args.rounds):
+            took = anyio.run(acks, args.database_url, args.acks)
+            cells = " | ".join(f"{wall:.2f} ms ({cpu:.2f} CPU)" for wall, cpu in took.values())
+            print(f"| {r + 1} | {cells} |", flush=True)
+        return 0
     if args.statements:
         for label, keys in (
             ("unkeyed", [None] * n),
