@@ -4,6 +4,7 @@ what a claim parks while the ack waits for it is unparked by that same ack."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 import anyio
 import psycopg
@@ -88,3 +89,17 @@ async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> No
     assert removed == {head.id}
     [unparked] = await store.claim(T0, LEASE, 10)
     assert unparked.id == after.id, "the parked message is its key's head now"
+
+
+async def test_an_ack_naming_no_key_is_the_fenced_delete_alone(pg_store: PostgresStore) -> None:
+    msgs = [new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2)]
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, *msgs)
+    head, follower = await pg_store.claim(T0, LEASE, 10, run=10)  # a run: both are ours
+    assert [head.id, follower.id] == [m.id for m in msgs]
+
+    stale = await pg_store.ack_many([head.id], tokens=[uuid.uuid4()], keys=set())
+    removed = await pg_store.ack_many([head.id], tokens=[head.lease], keys=set())  # type: ignore[list-item]
+
+    assert (stale, removed) == (set(), {head.id})
+    assert await pg_store.claim(T0, LEASE, 10) == [], "the follower is still held"

@@ -228,11 +228,12 @@ class PostgresStore(OperatorQueries):
     ) -> set[uuid.UUID]:
         """message_ack_keyed, then key_unpark of ``keys``: one transaction, one round trip."""
         pairs = _pairs(keys)
+        if pairs is None:  # the caller holds the next message of each key
+            return {r[0] for r in await self._fetch(_ACK_KEYED, params)}
         async with self._translated(), self.pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(_ACK_KEYED, params)
-                if pairs is not None:
-                    await conn.execute(_KEY_UNPARK, {"pairs": pairs})
+                await conn.execute(_KEY_UNPARK, {"pairs": pairs})
             return {r[0] for r in await cur.fetchall()}
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:

@@ -336,7 +336,8 @@ FROM gone;
 -- it a dump of every element; in the order given): its first
 -- message that is not acked (nor buried, where its topic skips buried ones),
 -- if a claim parked it. Run after the ack, burial or purge that removed the
--- earlier head committed, in a statement of its own: a claim parks a message
+-- earlier head, in a statement of its own (after that one committed, or later
+-- in its transaction, as message_ack_keyed's): a claim parks a message
 -- only behind an earlier one it read FOR KEY SHARE, which the ack's or
 -- purge's DELETE waits for, so every parking behind the removed head
 -- committed before this statement began and is in its snapshot. The key's
