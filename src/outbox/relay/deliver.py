@@ -72,9 +72,11 @@ class Deliveries:
         """
         held = self.in_flight.held
         runs: dict[tuple[str, str], list[Held]] = {}
-        for m in claimed:
-            if m.key is not None:
-                runs.setdefault((m.topic, m.key), []).append(held[m.id])
+        keys = [(m.topic, m.key) for m in claimed if m.key is not None]
+        if len(set(keys)) < len(keys):  # some key has more than one: a run
+            for m in claimed:
+                if m.key is not None:
+                    runs.setdefault((m.topic, m.key), []).append(held[m.id])
         for m in claimed:
             if runs and m.key is not None and len(runs[m.topic, m.key]) > 1:
                 continue
