@@ -8,8 +8,9 @@ import uuid
 
 import anyio
 import psycopg
+import pytest
 
-from outbox import new_message
+from outbox import StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.store import claim_params
@@ -103,3 +104,34 @@ async def test_an_ack_naming_no_key_is_the_fenced_delete_alone(pg_store: Postgre
 
     assert (stale, removed) == (set(), {head.id})
     assert await pg_store.claim(T0, LEASE, 10) == [], "the follower is still held"
+
+
+async def test_an_ack_that_gives_up_but_commits_later_unparks_with_it(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    """The relay stops waiting at its deadline; the server, waiting on a lock,
+    still commits the ack later. Its unpark commits with it, so the key goes on
+    (the relay's retry then finds the head gone and unparks nothing)."""
+    head, after = (new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2))
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, head, after)
+    [held] = await pg_store.claim(T0, LEASE, 10)
+    assert await pg_store.claim(T0, LEASE, 10) == [], "the next is parked behind the head"
+    impatient = PostgresStore(pg_store.pool, deadline=0.5)
+
+    async with await psycopg.AsyncConnection.connect(pg_conninfo) as blocker:
+        await blocker.execute(
+            "SELECT 1 FROM outbox_messages WHERE id = %s FOR KEY SHARE", [held.id]
+        )
+        with pytest.raises(StoreUnavailable):
+            await impatient.ack_many(
+                [held.id],
+                tokens=[held.lease],  # type: ignore[list-item]
+                keys={(TOPIC, "order-1")},
+            )
+        await blocker.rollback()  # the abandoned ack goes on, on the server
+
+    async def unparked() -> bool:
+        return [m.id for m in await pg_store.claim(T0, LEASE, 10)] == [after.id]
+
+    await eventually("the next message unparked", unparked)
