@@ -13,8 +13,8 @@ the hot key against the ceiling of any relay that keeps a key's order: one
 connection acking a run's messages one at a time (``serial acks``). With
 ``--statements``, instead: one unkeyed and one keyed drain, with the calls and
 wall time of each statement the store ran (where a drain's time goes). With
-``--acks N``: one ack of N claimed messages, unkeyed and keyed (the store
-finding the keys to unpark, or the relay naming them), wall and relay CPU.
+``--acks N``: one ack of N claimed messages, unkeyed and keyed, wall and
+relay CPU.
 
     python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
         [--interval 1s] [--statements | --acks 330]
@@ -161,10 +161,10 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
 
     pipelined = PostgresStore._ack_and_unpark
 
-    async def ack_and_unpark(self: PostgresStore, params: Any, keys: Any) -> Any:
+    async def ack_and_unpark(self: PostgresStore, params: Any) -> Any:
         started = time.perf_counter()
         try:
-            return await pipelined(self, params, keys)
+            return await pipelined(self, params)
         finally:
             entry = spent.setdefault("message_ack_keyed + key_unpark", [0, 0.0])
             entry[0] += 1
@@ -180,7 +180,7 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
     return spent
 
 
-ACK_WAYS = ("unkeyed", "keyed, the store finds the keys", "keyed, the relay names the keys")
+ACK_WAYS = ("unkeyed", "keyed")
 
 
 async def acks(url: str, n: int, rounds: int = 30) -> dict[str, tuple[float, float]]:
@@ -197,14 +197,11 @@ async def acks(url: str, n: int, rounds: int = 30) -> dict[str, tuple[float, flo
             for _ in range(rounds):
                 got = await store.claim(None, lease, n)
                 ids, tokens = [m.id for m in got], {m.lease for m in got}
-                named = {(m.topic, m.key) for m in got} if way.endswith("names the keys") else None
                 started, used = time.perf_counter(), time.process_time()
                 if way == "unkeyed":
                     await store.ack_many(ids, keyed=False)
-                elif named is None:  # as every release before the relay named them
+                else:  # fenced by the lease, unparking in the same round trip
                     await store.ack_many(ids, tokens=tokens)
-                else:
-                    await store.ack_many(ids, tokens=tokens, keys=named)
                 wall += time.perf_counter() - started
                 cpu += time.process_time() - used
         took[way] = (wall / rounds * 1000, cpu / rounds * 1000)

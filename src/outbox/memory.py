@@ -167,7 +167,6 @@ class MemoryStore(MemoryKeys):
         message_ids: Sequence[uuid.UUID],
         *,
         tokens: Collection[uuid.UUID] | None = None,
-        keys: Collection[tuple[str, str]] | None = None,
         keyed: bool = True,
         durable: bool = True,
     ) -> set[uuid.UUID]:

@@ -122,7 +122,6 @@ class RelayStore(Protocol):
         message_ids: Sequence[uuid.UUID],
         *,
         tokens: Collection[uuid.UUID] | None = None,
-        keys: Collection[tuple[str, str]] | None = None,
         keyed: bool = True,
         durable: bool = True,
     ) -> set[uuid.UUID]:
@@ -134,16 +133,14 @@ class RelayStore(Protocol):
         the leases ``tokens`` (the caller's; None: any) holds it, so a relay
         that stalled past its lease cannot end the current holder's delivery
         of a key's message early (letting the next start beside it).
-        ``keys``: the (topic, key) pairs whose next message may wait parked
-        behind one of these, when the caller knows them (a relay leaves out
-        keys whose next message it holds already); None: the store finds them
-        among the messages removed. ``keyed`` False: the caller knows none of
-        them needs unparking behind it (none has a key, or the caller holds
-        each one's next message; without ``tokens``, none has a key). ``durable``
-        False (a run's acks, with ``keyed`` False): the store may answer before
-        the removal is flushed to disk, so
-        a crash of the database itself (never of a relay) may undo the last
-        ones; they are then delivered again, in order.
+        The next message of each key removed, if a claim parked it behind the
+        removed one, is unparked in the same transaction. ``keyed`` False: the
+        caller knows none of them needs unparking behind it (none has a key,
+        or the caller holds each one's next message; without ``tokens``, none
+        has a key). ``durable`` False (a run's acks, with ``keyed`` False):
+        the store may answer before the removal is flushed to disk, so a crash
+        of the database itself (never of a relay) may undo the last ones; they
+        are then delivered again, in order.
         """
         ...
 

@@ -33,9 +33,9 @@ def ns(msgs: list[Message]) -> list[tuple[str | None, int]]:
     return [(m.key, m.json()["n"]) for m in msgs]
 
 
-@pytest.mark.parametrize("named", [False, True], ids=["store-finds-keys", "caller-names-keys"])
+@pytest.mark.parametrize("fenced", [False, True], ids=["any-lease", "by-its-lease"])
 async def test_a_key_is_delivered_one_message_at_a_time_in_order(
-    store: Store[Any], named: bool
+    store: Store[Any], fenced: bool
 ) -> None:
     await add(store, *keyed("order-1", 3))  # one transaction: the order given
     for later in keyed("order-1", 2):  # then one after another
@@ -46,8 +46,8 @@ async def test_a_key_is_delivered_one_message_at_a_time_in_order(
         assert len(got) == 1, "at most one message of a key in flight"
         seen += ns(got)
         assert not await claim(store), "nothing of the key while its head is in flight"
-        keys = {(TOPIC, "order-1")} if named else None
-        await store.ack_many([m.id for m in got], keys=keys)
+        tokens = {m.lease for m in got if m.lease is not None} if fenced else None
+        assert await store.ack_many([m.id for m in got], tokens=tokens) == {m.id for m in got}
 
     assert seen == [("order-1", n) for n in range(5)]
 
@@ -171,11 +171,7 @@ async def test_a_stale_ack_leaves_a_keyed_message_to_its_current_holder(
     [current] = await claim(store, T0 + LEASE)  # another relay takes the head over
     assert current.id == stale.id
 
-    removed = await store.ack_many(
-        [stale.id],
-        tokens=[stale.lease],  # type: ignore[list-item]
-        keys={(TOPIC, "order-1")},
-    )
+    removed = await store.ack_many([stale.id], tokens=[stale.lease])  # type: ignore[list-item]
 
     assert removed == set(), "a stale ack must not end the holder's delivery"
     assert await claim(store, T0 + LEASE) == [], "the next waits while the head is held"

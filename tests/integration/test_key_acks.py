@@ -24,7 +24,7 @@ TOPIC = "orders.events"
 async def _waiting_on_a_lock(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
     cur = await conn.execute(
         "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM outbox_messages%'"
+        " WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_messages%'"
     )
     row = await cur.fetchone()
     return bool(row and row[0])
@@ -53,7 +53,7 @@ def test_behind_a_transaction_pooler_an_ack_still_unparks_what_a_claim_parked_me
 
 
 async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> None:
-    """A keyed head is acked (naming its key) while another relay's claim, left
+    """A keyed head is acked while another relay's claim, left
     open, has read it FOR KEY SHARE and parked the next message behind it."""
     head, after = (new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2))
     async with store.begin() as tx:
@@ -68,7 +68,6 @@ async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> No
             await store.ack_many(
                 [held.id],
                 tokens=[held.lease],  # type: ignore[list-item]
-                keys={(TOPIC, "order-1")},
             )
         )
 
@@ -92,18 +91,52 @@ async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> No
     assert unparked.id == after.id, "the parked message is its key's head now"
 
 
-async def test_an_ack_naming_no_key_is_the_fenced_delete_alone(pg_store: PostgresStore) -> None:
+async def test_an_ack_of_keys_whose_next_messages_the_caller_holds_is_the_fenced_delete_alone(
+    pg_store: PostgresStore,
+) -> None:
     msgs = [new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2)]
     async with pg_store.begin() as tx:
         await pg_store.add(tx, *msgs)
     head, follower = await pg_store.claim(T0, LEASE, 10, run=10)  # a run: both are ours
     assert [head.id, follower.id] == [m.id for m in msgs]
 
-    stale = await pg_store.ack_many([head.id], tokens=[uuid.uuid4()], keys=set())
-    removed = await pg_store.ack_many([head.id], tokens=[head.lease], keys=set())  # type: ignore[list-item]
+    stale = await pg_store.ack_many([head.id], tokens=[uuid.uuid4()], keyed=False)
+    removed = await pg_store.ack_many([head.id], tokens=[head.lease], keyed=False)  # type: ignore[list-item]
 
     assert (stale, removed) == (set(), {head.id})
     assert await pg_store.claim(T0, LEASE, 10) == [], "the follower is still held"
+
+
+async def test_an_ack_answers_with_what_it_removed_and_leaves_no_pairs_behind(
+    pg_conninfo: str,
+) -> None:
+    """The ack's answer is the ids it did not remove; the removed keys it hands
+    key_unpark live in its transaction only, so the pooled connection's next
+    user reads no pairs (a stale set would unpark nothing wrong, but cost)."""
+    await migrate(pg_conninfo)
+    async with connect_pool(pg_conninfo, max_size=1) as pool:
+        store = PostgresStore(pool)
+        unkeyed, keyed_, other = (
+            new_message(TOPIC, {"n": 0}, T0),
+            new_message(TOPIC, {"n": 1}, T0, key="order-1"),
+            new_message(TOPIC, {"n": 2}, T0, key="order-2"),
+        )
+        async with store.begin() as tx:
+            await store.add(tx, unkeyed, keyed_, other)
+        held = await store.claim(T0, LEASE, 10)
+        assert len(held) == 3
+
+        removed = await store.ack_many(
+            [unkeyed.id, keyed_.id, other.id],
+            tokens=[uuid.uuid4(), held[0].lease],  # type: ignore[list-item]
+        )
+        assert removed == {unkeyed.id, keyed_.id, other.id}
+        stale = await store.ack_many([unkeyed.id], tokens=[uuid.uuid4()])
+        assert stale == set(), "a message already gone is not removed again"
+
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT current_setting('outbox.unpark', true)")
+            assert (await cur.fetchone()) in {(None,), ("",)}
 
 
 async def test_an_ack_that_gives_up_but_commits_later_unparks_with_it(
@@ -127,7 +160,6 @@ async def test_an_ack_that_gives_up_but_commits_later_unparks_with_it(
             await impatient.ack_many(
                 [held.id],
                 tokens=[held.lease],  # type: ignore[list-item]
-                keys={(TOPIC, "order-1")},
             )
         await blocker.rollback()  # the abandoned ack goes on, on the server
 

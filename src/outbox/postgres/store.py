@@ -40,7 +40,6 @@ from outbox.store import (
 __all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepalives"]
 
 _CLAIM = QUERIES["message_claim"]
-_ACK_MANY = QUERIES["message_ack_many"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _ACK_RUN = QUERIES["message_ack_run"]
 _ACK_KEYED = QUERIES["message_ack_keyed"]
@@ -203,7 +202,6 @@ class PostgresStore(OperatorQueries):
         message_ids: Sequence[uuid.UUID],
         *,
         tokens: Collection[uuid.UUID] | None = None,
-        keys: Collection[tuple[str, str]] | None = None,
         keyed: bool = True,
         durable: bool = True,
     ) -> set[uuid.UUID]:
@@ -216,25 +214,23 @@ class PostgresStore(OperatorQueries):
         params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
         if not keyed and not durable:
             return {r[0] for r in await self._fetch(_ACK_RUN, params)}
-        if keys is not None:
-            return await self._ack_and_unpark(params, keys)
-        [(ids, topics, keys_gone)] = await self._fetch(_ACK_MANY, params)
-        if topics:
-            await self._unpark(zip(topics, keys_gone, strict=True))
-        return set(ids)
+        if keyed:
+            kept = await self._ack_and_unpark(params)
+        else:  # the caller holds the next message of each key: nothing to unpark
+            [(kept, _)] = await self._fetch(_ACK_KEYED, params)
+        removed = set(ids)
+        removed.difference_update(kept)
+        return removed
 
-    async def _ack_and_unpark(
-        self, params: dict[str, Any], keys: Collection[tuple[str, str]]
-    ) -> set[uuid.UUID]:
-        """message_ack_keyed, then key_unpark of ``keys``: one transaction, one round trip."""
-        pairs = _pairs(keys)
-        if pairs is None:  # the caller holds the next message of each key
-            return {r[0] for r in await self._fetch(_ACK_KEYED, params)}
+    async def _ack_and_unpark(self, params: dict[str, Any]) -> list[uuid.UUID]:
+        """message_ack_keyed, then key_unpark of the keys it removed: one
+        transaction, one round trip. Returns the ids not removed."""
         async with self._translated(), self.pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(_ACK_KEYED, params)
-                await conn.execute(_KEY_UNPARK, {"pairs": pairs})
-            return {r[0] for r in await cur.fetchall()}
+                await conn.execute(_KEY_UNPARK, {"pairs": None})
+            [(kept, _)] = await cur.fetchall()
+        return list(kept)
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
         """Unpark the next message of each key whose head just left (key_unpark)."""

@@ -290,9 +290,8 @@ class Settler:
             ids,
             # Keyed acks are fenced by the lease (see Store.ack_many).
             tokens={h.message.lease for h in keyed if h.message.lease is not None},
-            # Unparked in the same round trip. A followed message's successor
-            # is this relay's already: nothing to unpark behind it.
-            keys={(h.message.topic, h.message.key) for h in keyed if not h.followed},  # type: ignore[misc]
+            # A followed message's successor is this relay's already: nothing
+            # to unpark behind it.
             keyed=not all(h.followed for h in keyed),
             # Only a run's acks wait on each other: one flush to disk each
             # would be most of a hot key's time (see message_ack_run).

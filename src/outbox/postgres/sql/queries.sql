@@ -278,14 +278,15 @@ ran AS (
 SELECT * FROM ran ORDER BY topic, key, seq;
 
 -- message_ack_unkeyed --
--- message_ack_many for messages without a key: nothing to fence, nothing to
+-- message_ack_keyed for messages without a key: nothing to fence, nothing to
 -- unpark, nothing to return.
 DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
 
 -- message_ack_run --
--- message_ack_many for messages of a run, which need no unparking (each ack
--- lets the next message of its key start); returns the ids removed. Committed without waiting for the WAL flush: visible to
--- every session at once, so a relay that dies after it leaves nothing to
+-- message_ack_keyed for messages of a run, which need no unparking (each ack
+-- lets the next message of its key start); returns the ids removed.
+-- Committed without waiting for the WAL flush: visible to every session at
+-- once, so a relay that dies after it leaves nothing to
 -- redeliver; only a crash of PostgreSQL itself within a fraction of a second
 -- (wal_writer_delay) may lose it, and then the key's messages from the
 -- first lost ack on are delivered again, in order. set_config(..., true)
@@ -298,42 +299,44 @@ WHERE id = ANY(%(ids)b::uuid[])
 RETURNING id;
 
 -- message_ack_keyed --
--- message_ack_many when the caller names the keys to unpark: the fenced DELETE
--- alone, returning the ids removed. key_unpark follows in the same
--- transaction (one round trip, pipelined): the DELETE waits for every claim
--- that read a removed head FOR KEY SHARE, and key_unpark, a statement of its
--- own with a snapshot taken after that, sees every message they parked; a
--- claim that comes later waits for this transaction and then finds the head
--- gone. Ack and unpark commit together.
-DELETE FROM outbox_messages
-WHERE id = ANY(%(ids)b::uuid[])
-  AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
-RETURNING id;
-
--- message_ack_many --
--- Remove a batch of delivered messages in one round trip. A message without a
--- key is not fenced: once delivered it needs no further delivery, whoever
--- holds it now. A keyed one is removed only while one of the leases
--- %(tokens)s (the acking relay's; NULL: any) holds it: a relay that stalled
--- past its lease must not end the current holder's delivery early, which
--- would let the key's next message start beside it.
+-- Remove a batch of delivered messages, some keyed, in one round trip. A
+-- message without a key is not fenced: once delivered it needs no further
+-- delivery, whoever holds it now. A keyed one is removed only while one of
+-- the leases %(tokens)s (the acking relay's; NULL: any) holds it: a relay
+-- that stalled past its lease must not end the current holder's delivery
+-- early, which would let the key's next message start beside it.
 -- Ids go in binary (%(ids)b, as in the other batched writes): 16 bytes each,
--- no text to quote and parse. Returns the ids removed, and the topics and
--- keys of the keyed ones (for key_unpark).
+-- no text to quote and parse. Returns the ids it did not remove (as a rule
+-- none: a short answer) and leaves the removed keys, as key_unpark's pairs,
+-- in the transaction's setting outbox.unpark. key_unpark follows in the
+-- same transaction (pipelined: one round trip) and reads them there: the
+-- DELETE waits for every claim that read a removed head FOR KEY SHARE, and
+-- key_unpark, a statement of its own with a snapshot taken after that, sees
+-- every message they parked; a claim that comes later waits for this
+-- transaction and then finds the head gone. Ack and unpark commit together,
+-- and the relay sends no key (a stale ack, which removes nothing, unparks
+-- nothing). The pairs are in the rows' order, neither sorted nor distinct
+-- (each would double the statement's cost): an ack unparks behind the keys
+-- whose message it removed, and a key has one message in flight, so no two
+-- acks unpark behind one key at once.
 WITH gone AS (
     DELETE FROM outbox_messages
     WHERE id = ANY(%(ids)b::uuid[])
       AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
     RETURNING id, topic, key
 )
-SELECT coalesce(array_agg(id), '{}'), array_agg(topic) FILTER (WHERE key IS NOT NULL),
-       array_agg(key) FILTER (WHERE key IS NOT NULL)
-FROM gone;
+SELECT CASE WHEN (SELECT count(*) FROM gone) < cardinality(%(ids)b::uuid[]) THEN
+           ARRAY(SELECT i FROM unnest(%(ids)b::uuid[]) AS i WHERE i NOT IN (SELECT id FROM gone))
+       ELSE '{}' END,
+       set_config('outbox.unpark', coalesce((
+           SELECT json_agg(json_build_array(topic, key))::text FROM gone
+           WHERE key IS NOT NULL), ''), true);
 
 -- key_unpark --
 -- Unpark the head of each key of %(pairs)s (a JSON array of [topic, key]
 -- pairs: one text the relay's json module writes, where two text arrays cost
--- it a dump of every element; in the order given): its first
+-- it a dump of every element; in the order given; NULL: the pairs
+-- message_ack_keyed left earlier in this transaction): its first
 -- message that is not acked (nor buried, where its topic skips buried ones),
 -- if a claim parked it. Run after the ack, burial or purge that removed the
 -- earlier head, in a statement of its own (after that one committed, or later
@@ -349,7 +352,9 @@ FROM gone;
 -- what is unparked.
 UPDATE outbox_messages AS m SET leased_until = NULL
 FROM (
-    SELECT e->>0 AS topic, e->>1 AS key FROM json_array_elements(%(pairs)s::json) AS e
+    SELECT e->>0 AS topic, e->>1 AS key
+    FROM json_array_elements(coalesce(
+        %(pairs)s::json, nullif(current_setting('outbox.unpark', true), '')::json)) AS e
     WHERE EXISTS (SELECT FROM outbox_messages WHERE leased_until = 'infinity')
 ) AS k
 CROSS JOIN LATERAL (
