@@ -8,8 +8,9 @@ handler) drains, in a fresh schema each, in one run:
   orders arrive);
 - ``--hot`` messages of one key.
 
-Reported: messages per second, the keyed drains over the unkeyed one, and
-the hot key against the ceiling of any relay that keeps a key's order: one
+Reported: messages per second, the keyed drains over the unkeyed one, the
+relay's CPU a message (unkeyed / keyed: steadier than the rates on a noisy
+machine), and the hot key against the ceiling of any relay that keeps a key's order: one
 connection acking a run's messages one at a time (``serial acks``). With
 ``--statements``, instead: one unkeyed and one keyed drain, with the calls and
 wall time of each statement the store ran (where a drain's time goes). With
@@ -104,6 +105,13 @@ async def left(store: Any) -> int:
 
 
 async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float:
+    """Messages a second of one relay draining ``keys`` (see drained())."""
+    return (await drained(url, keys, interval))[0]
+
+
+async def drained(url: str, keys: list[str | None], interval: str = "1s") -> tuple[float, float]:
+    """One relay drains ``keys``: messages a second, and the relay's CPU
+    microseconds a message (the process's, from the start to the last handler call)."""
     from prometheus_client import CollectorRegistry
 
     from outbox import Relay, RelayConfig
@@ -114,13 +122,13 @@ async def drain(url: str, keys: list[str | None], interval: str = "1s") -> float
         relay = Relay(
             store, {TOPIC: noop}, cfg, registry=CollectorRegistry(), listen=False, backlog=None
         )
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         async with anyio.create_task_group() as tg:
             tg.start_soon(relay.run)
             await noop.done.wait()
-            took = time.perf_counter() - started
+            took, cpu = time.perf_counter() - started, time.process_time() - used
             relay.stop()
-        return len(keys) / took
+        return len(keys) / took, cpu / len(keys) * 1e6
 
 
 async def serial_acks(url: str, n: int) -> float:
@@ -251,19 +259,20 @@ def main() -> int:
                 print(f"  {name} {calls:.0f} {seconds / calls * 1000:.1f}")
         return 0
     print(
-        f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed"
+        f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed | relay CPU a message"
         f" | one hot key ({args.hot}) | serial acks | hot / serial acks |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
-        plain = anyio.run(drain, args.database_url, [None] * n, args.interval)
-        spread = anyio.run(
-            drain, args.database_url, [f"k{i % args.keys}" for i in range(n)], args.interval
+        plain, plain_cpu = anyio.run(drained, args.database_url, [None] * n, args.interval)
+        spread, spread_cpu = anyio.run(
+            drained, args.database_url, [f"k{i % args.keys}" for i in range(n)], args.interval
         )
         hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, args.interval)
         ceiling = anyio.run(serial_acks, args.database_url, args.hot)
         print(
-            f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x | {hot:,.0f}"
+            f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x"
+            f" | {plain_cpu:.1f} / {spread_cpu:.1f} µs | {hot:,.0f}"
             f" | {ceiling:,.0f} | {hot / ceiling:.2f} |",
             flush=True,
         )

@@ -1,0 +1,143 @@
+"""Where a keyed claim's time goes: the claim statement alone, keyed against unkeyed.
+
+Each variant gets a fresh schema built by the migrations, ``--messages`` due
+messages (keyed ones spread over ``--keys`` keys, interleaved, as orders
+arrive) and a loop that claims ``--limit`` with the previous claim's rows still
+in flight (as a relay holds them; fewer than the keys, so nothing is parked),
+acks them with a plain DELETE, and claims again until the table is empty.
+Reported: the median claim (client wall, milliseconds), variant by variant,
+alternately in each round:
+
+- ``unkeyed``: the claim as shipped, messages without keys;
+- ``keyed``: the claim as shipped, keyed messages;
+- ``keyed, no head check``: the same without the ``behind`` step (what the
+  head check's probe of the key index costs);
+- ``keyed, no head check, no key index``: also without
+  outbox_messages_key_idx (what the key index entry of each claimed row's
+  new version costs: a claim's update cannot be HOT).
+
+The last two are diagnostics, not configurations: without the head check a
+key's order is not kept.
+
+    python bench/keyed_claim.py [--database-url URL] [--messages 20000] [--keys 1000]
+        [--limit 400] [--rounds 3]
+
+Figures and the command that made them live in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from server import local_arguments
+
+VARIANTS = (
+    "unkeyed",
+    "keyed",
+    "keyed, no head check",
+    "keyed, no head check, no key index",
+)
+
+
+def statement(variant: str) -> str:
+    """message_claim as ``variant`` runs it."""
+    from outbox.postgres.queries import QUERIES
+
+    claim: str = QUERIES["message_claim"]
+    if "no head check" in variant:
+        start, end = claim.index("behind AS MATERIALIZED ("), claim.index("picked AS MATERIALIZED")
+        claim = (
+            claim[:start]
+            + "behind AS MATERIALIZED (SELECT id FROM candidates WHERE false),\n"
+            + claim[end:]
+        )
+    return claim
+
+
+async def claims(url: str, variant: str, messages: int, keys: int, limit: int) -> float:
+    """The median claim of ``variant`` in milliseconds, draining ``messages``."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    from outbox import new_message
+    from outbox.postgres import PostgresStore, connect_pool, migrate
+    from outbox.postgres.store import claim_params
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
+    try:
+        await migrate(conninfo)
+        async with connect_pool(conninfo, max_size=1) as pool:
+            store = PostgresStore(pool)
+            for start in range(0, messages, 1000):
+                batch = range(start, min(start + 1000, messages))
+                made = [
+                    new_message(
+                        "bench.claim",
+                        {"n": i},
+                        key=None if variant == "unkeyed" else f"k{i % keys}",
+                    )
+                    for i in batch
+                ]
+                async with store.begin() as tx:
+                    await store.add(tx, *made)
+            query, took, held = statement(variant), [], []
+            async with pool.connection() as conn:
+                await conn.set_autocommit(True)
+                if variant.endswith("no key index"):
+                    await conn.execute("DROP INDEX outbox_messages_key_idx")
+                await conn.execute("ANALYZE outbox_messages")
+                while True:
+                    params = claim_params(None, dt.timedelta(seconds=30), limit, uuid.uuid4())
+                    started = time.perf_counter()
+                    cur = await conn.execute(query, params)
+                    rows = await cur.fetchall()
+                    took.append(time.perf_counter() - started)
+                    ids = [r[0] for r in rows if r[0] is not None]
+                    if not ids:
+                        break
+                    held.append(ids)
+                    if len(held) > 1:  # the claim before this one is acked now
+                        await conn.execute(
+                            "DELETE FROM outbox_messages WHERE id = ANY(%s)", [held.pop(0)]
+                        )
+            return statistics.median(took) * 1000
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def main() -> int:
+    parser = local_arguments(__doc__)
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--limit", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.limit >= args.keys // 2:
+        parser.error("--limit must be under half of --keys (two claims in flight park nothing)")
+    print(f"| round | {' | '.join(VARIANTS)} |")
+    print(f"| ---: |{' ---: |' * len(VARIANTS)}")
+    for r in range(args.rounds):
+        cells = [
+            anyio.run(claims, args.database_url, v, args.messages, args.keys, args.limit)
+            for v in VARIANTS
+        ]
+        print(f"| {r + 1} | {' | '.join(f'{c:.2f} ms' for c in cells)} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
