@@ -4,7 +4,9 @@ what a claim parks while the ack waits for it is unparked by that same ack."""
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import uuid
+from collections.abc import Awaitable, Callable
 
 import anyio
 import psycopg
@@ -139,12 +141,13 @@ async def test_an_ack_answers_with_what_it_removed_and_leaves_no_pairs_behind(
             assert (await cur.fetchone()) in {(None,), ("",)}
 
 
-async def test_an_ack_that_gives_up_but_commits_later_unparks_with_it(
+async def test_an_ack_the_relay_gave_up_on_commits_with_its_unpark_or_not_at_all(
     pg_store: PostgresStore, pg_conninfo: str
 ) -> None:
-    """The relay stops waiting at its deadline; the server, waiting on a lock,
-    still commits the ack later. Its unpark commits with it, so the key goes on
-    (the relay's retry then finds the head gone and unparks nothing)."""
+    """The relay stops waiting at its deadline. Its cancel may reach the server
+    (nothing commits: the head is still held, and the settler's retry acks it)
+    or not (the server commits the ack later, and its unpark with it; the
+    retry then finds the head gone). Either way the key goes on."""
     head, after = (new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2))
     async with pg_store.begin() as tx:
         await pg_store.add(tx, head, after)
@@ -157,13 +160,64 @@ async def test_an_ack_that_gives_up_but_commits_later_unparks_with_it(
             "SELECT 1 FROM outbox_messages WHERE id = %s FOR KEY SHARE", [held.id]
         )
         with pytest.raises(StoreUnavailable):
-            await impatient.ack_many(
-                [held.id],
-                tokens=[held.lease],  # type: ignore[list-item]
-            )
-        await blocker.rollback()  # the abandoned ack goes on, on the server
+            await impatient.ack_many([held.id], tokens=[held.lease])  # type: ignore[list-item]
+        await blocker.rollback()
+    retried = await pg_store.ack_many([held.id], tokens=[held.lease])  # type: ignore[list-item]
 
-    async def unparked() -> bool:
-        return [m.id for m in await pg_store.claim(T0, LEASE, 10)] == [after.id]
+    assert retried in ({held.id}, set())
+    await eventually("the next message unparked", _claims(pg_store, after.id))
 
-    await eventually("the next message unparked", unparked)
+
+# A relay that sent its ack and died: kill -9 sends no cancel.
+_ACKER = """
+import sys, uuid, anyio
+from outbox.postgres import PostgresStore, connect_pool
+
+async def main():
+    async with connect_pool(sys.argv[1], max_size=1) as pool:
+        ids, token = [uuid.UUID(sys.argv[2])], uuid.UUID(sys.argv[3])
+        await PostgresStore(pool).ack_many(ids, tokens=[token])
+
+anyio.run(main)
+"""
+
+
+async def test_an_ack_whose_relay_is_killed_while_it_waits_commits_with_its_unpark(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    """The ack and its unpark reach the server in one transaction: once sent,
+    they commit together, whatever becomes of the relay that sent them (a
+    second round trip for the unpark would never be sent, and the key would
+    wait for the sweep's repair)."""
+    head, after = (new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2))
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, head, after)
+    [held] = await pg_store.claim(T0, LEASE, 10)
+    assert await pg_store.claim(T0, LEASE, 10) == [], "the next is parked behind the head"
+
+    async with (
+        await psycopg.AsyncConnection.connect(pg_conninfo) as blocker,
+        await psycopg.AsyncConnection.connect(pg_conninfo, autocommit=True) as watcher,
+    ):
+        await blocker.execute(
+            "SELECT 1 FROM outbox_messages WHERE id = %s FOR KEY SHARE", [held.id]
+        )
+        relay = await anyio.open_process(
+            [sys.executable, "-c", _ACKER, pg_conninfo, str(held.id), str(held.lease)]
+        )
+        try:
+            await eventually("the ack waits", lambda: _waiting_on_a_lock(watcher), limit=30)
+        finally:
+            relay.kill()  # SIGKILL
+            await relay.wait()
+        await blocker.rollback()  # the dead relay's ack goes on, on the server
+
+    await eventually("the next message unparked", _claims(pg_store, after.id))
+    assert await pg_store.ack_many([held.id], tokens=[held.lease]) == set(), "acked already"  # type: ignore[list-item]
+
+
+def _claims(store: PostgresStore, message_id: uuid.UUID) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return [m.id for m in await store.claim(T0, LEASE, 10)] == [message_id]
+
+    return check
