@@ -38,6 +38,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from keys import stored
 from server import local_arguments
 
 VARIANTS = (
@@ -65,58 +66,27 @@ def statement(variant: str) -> str:
 
 async def claims(url: str, variant: str, messages: int, keys: int, limit: int) -> float:
     """The median claim of ``variant`` in milliseconds, draining ``messages``."""
-    import psycopg
-    from psycopg import sql
-    from psycopg.conninfo import make_conninfo
-
-    from outbox import new_message
-    from outbox.postgres import PostgresStore, connect_pool, migrate
     from outbox.postgres.store import claim_params
 
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    conninfo = make_conninfo(url, options=f"-c search_path={schema}")
-    try:
-        await migrate(conninfo)
-        async with connect_pool(conninfo, max_size=1) as pool:
-            store = PostgresStore(pool)
-            for start in range(0, messages, 1000):
-                batch = range(start, min(start + 1000, messages))
-                made = [
-                    new_message(
-                        "bench.claim",
-                        {"n": i},
-                        key=None if variant == "unkeyed" else f"k{i % keys}",
-                    )
-                    for i in batch
-                ]
-                async with store.begin() as tx:
-                    await store.add(tx, *made)
-            query, took, held = statement(variant), [], []
-            async with pool.connection() as conn:
-                await conn.set_autocommit(True)
-                if variant.endswith("no key index"):
-                    await conn.execute("DROP INDEX outbox_messages_key_idx")
-                await conn.execute("ANALYZE outbox_messages")
-                while True:
-                    params = claim_params(None, dt.timedelta(seconds=30), limit, uuid.uuid4())
-                    started = time.perf_counter()
-                    cur = await conn.execute(query, params)
-                    rows = await cur.fetchall()
-                    took.append(time.perf_counter() - started)
-                    ids = [r[0] for r in rows if r[0] is not None]
-                    if not ids:
-                        break
-                    held.append(ids)
-                    if len(held) > 1:  # the claim before this one is acked now
-                        await conn.execute(
-                            "DELETE FROM outbox_messages WHERE id = ANY(%s)", [held.pop(0)]
-                        )
-            return statistics.median(took) * 1000
-    finally:
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    spread = [None if variant == "unkeyed" else f"k{i % keys}" for i in range(messages)]
+    async with stored(url, spread, pool_size=1) as store, store.pool.connection() as conn:
+        await conn.set_autocommit(True)
+        if variant.endswith("no key index"):
+            await conn.execute("DROP INDEX outbox_messages_key_idx")
+        await conn.execute("ANALYZE outbox_messages")
+        query, took, held = statement(variant), [], []
+        while True:
+            params = claim_params(None, dt.timedelta(seconds=30), limit, uuid.uuid4())
+            started = time.perf_counter()
+            cur = await conn.execute(query, params)
+            rows = await cur.fetchall()
+            took.append(time.perf_counter() - started)
+            ids = [r[0] for r in rows if r[0] is not None]
+            if not ids:
+                return statistics.median(took) * 1000
+            held.append(ids)
+            if len(held) > 1:  # the claim before this one is acked now
+                await conn.execute("DELETE FROM outbox_messages WHERE id = ANY(%s)", [held.pop(0)])
 
 
 def main() -> int:
