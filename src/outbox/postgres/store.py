@@ -230,7 +230,8 @@ class PostgresStore(OperatorQueries):
                 cur = await conn.execute(_ACK_KEYED, params)
                 await conn.execute(_KEY_UNPARK, {"pairs": None})
             [(kept, _)] = await cur.fetchall()
-        return list(kept)
+        ids: list[uuid.UUID] = kept  # psycopg's list of the uuid[] column
+        return ids
 
     async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
         """Unpark the next message of each key whose head just left (key_unpark)."""
