@@ -351,8 +351,10 @@ async def test_a_stale_release_on_stop_does_not_hand_back_the_new_holders_messag
         await anyio.sleep_forever()
 
     # The timeout must outlast the claim below (B takes the message while A's
-    # handler still runs); A only hits it once stopping.
-    a = fleet.relay({"orders.placed": hang}, timeout="1s", lease="2m", interval="10ms")
+    # handler still runs); A only hits it once stopping. A polls once: a poll of
+    # its own after the clock moved would lock the orphan for a moment (to leave
+    # it for a solo claim), and the claim below would skip it.
+    a = fleet.relay({"orders.placed": hang}, timeout="1s", lease="2m", interval="1h")
     m = await fleet.add("orders.placed")
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
