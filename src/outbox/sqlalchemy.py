@@ -103,10 +103,10 @@ def _after_commit(session: Session) -> None:
     engine = bind if isinstance(bind, Engine) else bind.engine
 
     def notify(payload: str) -> None:
-        # The session cannot run SQL here; a connection of the same engine can.
-        with engine.connect() as conn:
+        # The session cannot run SQL here; a connection of the same engine can,
+        # in autocommit: one round trip, no BEGIN and COMMIT around it.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(_NOTIFY), {"channel": CHANNEL, "payload": payload})
-            conn.commit()
 
     WAKES.send(topics, notify)
 

@@ -85,6 +85,9 @@ async def test_psycopg_async_commits_and_rolls_back_with_the_change(db: str, hea
             await add(conn, *order_message(kept, 3))
         assert heard(1) == ["orders.placed"]  # once, after the commit, for three messages
         assert heard(0) == []
+        # The notification went in autocommit; the connection is as it was.
+        assert conn.autocommit is False
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
     orders, _ = stored(db)
     assert orders == {kept}
@@ -110,6 +113,8 @@ def test_psycopg_sync_commits_rolls_back_and_refuses_autocommit(db: str, heard: 
         conn.commit()
         assert wake_sync(conn) is True
         assert heard(1) == ["orders.placed"]
+        assert conn.autocommit is False
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         with pytest.raises(RuntimeError), transaction_sync(conn):
             conn.execute("INSERT INTO orders VALUES (%s, 'cake')", (lost,))
             add_sync(conn, *order_message(lost))
@@ -172,6 +177,12 @@ def test_sqlalchemy_session_and_connection(db: str, driver: str, heard: Heard) -
             session.execute(text("INSERT INTO orders VALUES (:id, 'tea')"), {"id": kept})
             sa_add(session, *order_message(kept, 2))
         assert heard(1) == ["orders.placed"]  # after the commit; not for the rollback
+        # The wake-up's connection went back to the pool as it was, out of autocommit.
+        pooled = [engine.raw_connection() for _ in range(engine.pool.checkedin())]
+        assert len(pooled) == 2
+        assert [c.driver_connection.autocommit for c in pooled] == [False, False]
+        for c in pooled:
+            c.close()
         with engine.begin() as conn:
             conn.execute(text("INSERT INTO orders VALUES (:id, 'jam')"), {"id": via_conn})
             sa_add(conn, *order_message(via_conn))

@@ -142,12 +142,6 @@ def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     return conn.info.transaction_status == TransactionStatus.IDLE
 
 
-def _intrans(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    from psycopg.pq import TransactionStatus
-
-    return conn.info.transaction_status == TransactionStatus.INTRANS
-
-
 async def wake(conn: psycopg.AsyncConnection[Any]) -> bool:
     """After the commit: wake the relays for what ``add`` put in through ``conn``.
 
@@ -161,13 +155,18 @@ async def wake(conn: psycopg.AsyncConnection[Any]) -> bool:
         return False
 
     async def notify(payload: str) -> None:
+        if conn.autocommit:
+            await conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
+            return
+        # One statement on its own: in autocommit for it, one round trip
+        # instead of a BEGIN, the statement and a COMMIT (the switch is the
+        # driver's, sent to nobody).
+        await conn.set_autocommit(True)
         try:
             await conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
         finally:
-            if not conn.autocommit and _intrans(conn):  # the statement's own transaction
-                await conn.commit()
-            elif not conn.autocommit:
-                await conn.rollback()
+            if _idle(conn):
+                await conn.set_autocommit(False)
 
     return await WAKES.send_async(topics, notify)
 
@@ -181,13 +180,15 @@ def wake_sync(conn: psycopg.Connection[Any]) -> bool:
         return False
 
     def notify(payload: str) -> None:
+        if conn.autocommit:
+            conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
+            return
+        conn.autocommit = True  # as in wake()
         try:
             conn.execute(NOTIFY, {"channel": CHANNEL, "payload": payload})
         finally:
-            if not conn.autocommit and _intrans(conn):  # the statement's own transaction
-                conn.commit()
-            elif not conn.autocommit:
-                conn.rollback()
+            if _idle(conn):
+                conn.autocommit = False
 
     return WAKES.send(topics, notify)
 
