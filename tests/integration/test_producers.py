@@ -159,7 +159,7 @@ def _sa_url(db: str, driver: str) -> tuple[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
 def test_sqlalchemy_session_and_connection(db: str, driver: str, heard: Heard) -> None:
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import QueuePool, create_engine, text
     from sqlalchemy.orm import Session
 
     from outbox.sqlalchemy import add as sa_add
@@ -178,11 +178,13 @@ def test_sqlalchemy_session_and_connection(db: str, driver: str, heard: Heard) -
             sa_add(session, *order_message(kept, 2))
         assert heard(1) == ["orders.placed"]  # after the commit; not for the rollback
         # The wake-up's connection went back to the pool as it was, out of autocommit.
-        pooled = [engine.raw_connection() for _ in range(engine.pool.checkedin())]
+        pool = engine.pool
+        assert isinstance(pool, QueuePool)
+        pooled = [engine.raw_connection() for _ in range(pool.checkedin())]
         assert len(pooled) == 2
-        assert [c.driver_connection.autocommit for c in pooled] == [False, False]
-        for c in pooled:
-            c.close()
+        assert [getattr(p.driver_connection, "autocommit", None) for p in pooled] == [False] * 2
+        for p in pooled:
+            p.close()
         with engine.begin() as conn:
             conn.execute(text("INSERT INTO orders VALUES (:id, 'jam')"), {"id": via_conn})
             sa_add(conn, *order_message(via_conn))
