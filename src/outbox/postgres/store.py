@@ -179,9 +179,11 @@ class PostgresStore(OperatorQueries):
         rows = await self._fetch(_CLAIM, params)
         claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
         claimed.orphans = len(rows) - len(claimed)
-        heads = [r for r in rows if r[0] is not None and r[5] is not None]
         room = (limit if room is None else room) - len(claimed)
-        if run > 0 and heads and room > 0 and not solo:
+        if run <= 0 or room <= 0 or solo:
+            return claimed
+        heads = [r for r in rows if r[0] is not None and r[5] is not None]
+        if heads:
             used = sum(len(m.payload) for m in claimed)
             more = {
                 "now": now,

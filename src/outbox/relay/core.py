@@ -163,7 +163,10 @@ class Relay(Housekeeping):
         commits added). A busy relay claims again anyway: it only notes it.
         One that serves none of ``topics`` stays asleep.
         """
-        if topics is not None and self.router.claimable.isdisjoint(topics):
+        if topics is None:
+            if self._nudged:  # noted already (a busy relay's acks note it for each key)
+                return
+        elif self.router.claimable.isdisjoint(topics):
             return
         self._nudged = True
         if self._nap is not None:

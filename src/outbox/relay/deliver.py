@@ -72,8 +72,10 @@ class Deliveries:
         """
         held = self.in_flight.held
         runs: dict[tuple[str, str], list[Held]] = {}
-        keys = [(m.topic, m.key) for m in claimed if m.key is not None]
-        if len(set(keys)) < len(keys):  # some key has more than one: a run
+        # A key (of any topic: runs are grouped by both below) more than once:
+        # a run, perhaps. Strings hash once; (topic, key) pairs every time.
+        keys = [m.key for m in claimed if m.key is not None]
+        if len(set(keys)) < len(keys):
             for m in claimed:
                 if m.key is not None:
                     runs.setdefault((m.topic, m.key), []).append(held[m.id])

@@ -48,6 +48,19 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def _tokens(held: list[Held]) -> set[uuid.UUID]:
+    """The lease tokens of ``held``: the messages of one claim share one, so
+    each is hashed once, not once a message."""
+    tokens: set[uuid.UUID] = set()
+    last = None
+    for h in held:
+        token = h.message.lease
+        if token is not last and token is not None:
+            tokens.add(token)
+            last = token
+    return tokens
+
+
 def clean_reason(text: str) -> str:
     """``text`` as a reason PostgreSQL can store: no NUL, no lone surrogate, capped."""
     # A UTF-16 round trip joins surrogate pairs and replaces lone halves.
@@ -286,16 +299,17 @@ class Settler:
         keyed = [h for h in items if h.message.key is not None]
         if not keyed:  # the common case: the plain DELETE
             return self.store.ack_many(ids, keyed=False)
+        followed = all(h.followed for h in keyed)
         return self.store.ack_many(
             ids,
             # Keyed acks are fenced by the lease (see Store.ack_many).
-            tokens={h.message.lease for h in keyed if h.message.lease is not None},
+            tokens=_tokens(keyed),
             # A followed message's successor is this relay's already: nothing
             # to unpark behind it.
-            keyed=not all(h.followed for h in keyed),
+            keyed=not followed,
             # Only a run's acks wait on each other: one flush to disk each
             # would be most of a hot key's time (see message_ack_run).
-            durable=len(keyed) < len(items) or not all(h.followed for h in keyed),
+            durable=len(keyed) < len(items) or not followed,
         )
 
     async def _retries(self, retries: list[tuple[Held, dt.timedelta, str, bool]]) -> None:
