@@ -99,6 +99,10 @@ class Message:
     carries it (retry, bury, release) only while no later claim has taken the
     message: a relay that stalled past its lease changes nothing. Set by
     ``Store.claim``; None on a message that was never claimed."""
+    _made: bool = dataclasses.field(default=False, init=False, compare=False, repr=False)
+    """Made by new_message, which checked what check_message checks. Not an
+    argument, and not carried by dataclasses.replace(): a message built or
+    changed by hand is checked whole."""
 
     def json(self) -> Any:
         """The payload, decoded."""
@@ -200,7 +204,7 @@ def new_message(
     problem = _size_problem(len(data))
     if problem:
         raise EncodeError(topic, problem)
-    return Message(
+    m = Message(
         id=uuid_utils.compat.uuid7(),
         topic=topic,
         payload=data,
@@ -209,6 +213,8 @@ def new_message(
         key=key,
         headers=fields,
     )
+    object.__setattr__(m, "_made", True)
+    return m
 
 
 MAX_KEY = 200
@@ -237,20 +243,28 @@ def loads_strict(text: str | bytes) -> Any:
 
 def check_message(m: Message) -> Message:
     """``m``, or ValueError when it could not have come from new_message: a bad topic,
-    or a payload that is not JSON new_message would write, or a naive datetime."""
-    validate_topic(m.topic)
-    validate_key(m.key)
-    try:
-        if message_headers(m.headers) != dict(m.headers):
-            raise ValueError("header names are lower case (new_message makes them so)")
-    except ValueError as exc:
-        raise ValueError(f"outbox: headers of {m.id}: {exc}") from None
-    for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
-        if at is not None and (at.tzinfo is None or at.utcoffset() is None):
-            raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")
+    or a payload that is not JSON new_message would write, or a naive datetime.
+
+    A message new_message made is not checked whole again: its fields are
+    immutable and were checked then. Its headers (a mapping anyone may change)
+    and its size (against OUTBOX_MAX_PAYLOAD now) are.
+    """
+    if m.headers:
+        try:
+            if message_headers(m.headers) != dict(m.headers):
+                raise ValueError("header names are lower case (new_message makes them so)")
+        except ValueError as exc:
+            raise ValueError(f"outbox: headers of {m.id}: {exc}") from None
     problem = _size_problem(len(m.payload))
     if problem:
         raise ValueError(f"outbox: {m.id} ({m.topic}): {problem}")
+    if m._made:
+        return m
+    validate_topic(m.topic)
+    validate_key(m.key)
+    for name, at in (("created_at", m.created_at), ("deliver_at", m.deliver_at)):
+        if at is not None and (at.tzinfo is None or at.utcoffset() is None):
+            raise ValueError(f"outbox: {name} of {m.id} must be timezone-aware")
     try:
         loads_strict(m.payload)
     except (ValueError, RecursionError) as exc:

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 
 __all__ = ["CHANNEL", "WAKES", "WAKE_WINDOW", "Wakes", "decode_topics", "encode_topics"]
 
@@ -41,6 +41,7 @@ def decode_topics(payload: str) -> frozenset[str] | None:
 
 
 _PRUNE_AT = 1024
+_NONE: frozenset[str] = frozenset()
 
 
 class Wakes:
@@ -59,9 +60,17 @@ class Wakes:
         self._last: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def reserve(self, topics: Iterable[str]) -> frozenset[str]:
+    def reserve(self, topics: Collection[str]) -> frozenset[str]:
         """The topics not announced within the window; marked as announced now."""
         now = self.clock()
+        last, window = self._last, self.window
+        # A first look without the lock: most commits come within a window of
+        # the last notification of their topics, and then nothing is due.
+        for t in topics:
+            if now - last.get(t, -math.inf) >= window:
+                break
+        else:
+            return _NONE
         with self._lock:
             due = frozenset(t for t in topics if now - self._last.get(t, -math.inf) >= self.window)
             for t in due:
@@ -82,7 +91,7 @@ class Wakes:
             for t in topics:
                 self._last.pop(t, None)
 
-    def send(self, topics: Iterable[str], notify: Callable[[str], object]) -> bool:
+    def send(self, topics: Collection[str], notify: Callable[[str], object]) -> bool:
         """Notify for ``topics`` unless each was announced within the window; True if sent."""
         due = self.reserve(topics)
         if not due:
@@ -96,7 +105,7 @@ class Wakes:
         return True
 
     async def send_async(
-        self, topics: Iterable[str], notify: Callable[[str], Awaitable[object]]
+        self, topics: Collection[str], notify: Callable[[str], Awaitable[object]]
     ) -> bool:
         """send(), for a ``notify`` that returns an awaitable."""
         due = self.reserve(topics)

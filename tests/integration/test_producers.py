@@ -128,6 +128,28 @@ def test_psycopg_sync_commits_rolls_back_and_refuses_autocommit(db: str, heard: 
         assert c.execute("SELECT count(*) FROM outbox_messages").fetchone() == (2,)
 
 
+def test_the_producer_reads_the_transaction_state_psycopg_reports(db: str) -> None:
+    from psycopg.pq import TransactionStatus
+
+    from outbox.postgres.producer import _idle
+
+    with psycopg.connect(db) as conn:
+        states = [(_idle(conn), conn.info.transaction_status)]
+        conn.execute("SELECT 1")
+        states.append((_idle(conn), conn.info.transaction_status))
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        states.append((_idle(conn), conn.info.transaction_status))
+        conn.rollback()
+        states.append((_idle(conn), conn.info.transaction_status))
+    assert states == [
+        (True, TransactionStatus.IDLE),
+        (False, TransactionStatus.INTRANS),
+        (False, TransactionStatus.INERROR),
+        (True, TransactionStatus.IDLE),
+    ]
+
+
 # -- SQLAlchemy ------------------------------------------------------------------------
 
 

@@ -205,3 +205,30 @@ def test_a_hand_built_message_nested_too_deep_is_a_value_error() -> None:
     deep = dataclasses.replace(m, payload=b"[" * 5000 + b"]" * 5000)
     with pytest.raises(ValueError, match="payload of"):
         check_message(deep)
+
+
+def test_a_message_changed_after_new_message_is_checked_whole() -> None:
+    from outbox.message import check_message
+
+    m = new_message("orders.placed", {"n": 1}, NOW, headers={"x-tenant": "a"})
+    assert check_message(m) is m
+    # replace() makes a message new_message did not: every field is checked again.
+    for changed, why in (
+        (dataclasses.replace(m, payload=b'{"n": NaN}'), "not a JSON number"),
+        (dataclasses.replace(m, payload=b'{"n": 1, "n": 2}'), "appears twice"),
+        (dataclasses.replace(m, topic="Orders Placed"), "must match"),
+        (dataclasses.replace(m, created_at=NOW.replace(tzinfo=None)), "timezone-aware"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            check_message(changed)
+    # Its headers are a mapping anyone may change: checked on every add.
+    m.headers["X-Tenant"] = "b"  # type: ignore[index]
+    with pytest.raises(ValueError, match="headers of"):
+        check_message(m)
+
+
+def test_what_new_message_made_compares_as_a_message_built_by_hand() -> None:
+    m = new_message("orders.placed", {"n": 1}, NOW)
+    by_hand = Message(id=m.id, topic=m.topic, payload=m.payload, created_at=m.created_at)
+    assert m == by_hand
+    assert repr(m) == repr(by_hand)

@@ -100,10 +100,18 @@ def _one(m: Message) -> dict[str, Any]:
     }
 
 
-def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    from psycopg.pq import TransactionStatus
+_IDLE = 0
+"""libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE): read from the
+connection's PGconn, an int, where ``conn.info.transaction_status`` builds an
+info object and an enum member on every call of every add."""
 
-    if conn.info.transaction_status == TransactionStatus.IDLE:
+
+def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return bool(conn.pgconn.transaction_status == _IDLE)
+
+
+def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    if _idle(conn):
         raise NotInTransaction("the psycopg connection")
 
 
@@ -134,12 +142,6 @@ def add_sync(conn: psycopg.Connection[Any], /, *msgs: Message) -> None:
     if msgs:
         conn.execute(*insert(msgs))
     _PENDING.setdefault(conn, set()).update(m.topic for m in msgs)
-
-
-def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    from psycopg.pq import TransactionStatus
-
-    return conn.info.transaction_status == TransactionStatus.IDLE
 
 
 async def wake(conn: psycopg.AsyncConnection[Any]) -> bool:
