@@ -132,9 +132,9 @@ async def drained(url: str, keys: list[str | None], interval: str = "1s") -> tup
 
 
 async def serial_acks(url: str, n: int) -> float:
-    """One connection running a run's ack (message_ack_run) for n rows, one at a
-    time, as fast as it can: the ceiling of any relay that starts a key's next
-    message only once the one before it is acked."""
+    """One connection running a run's ack (message_ack_run_one) for n rows, one
+    at a time, as fast as it can: the ceiling of any relay that starts a key's
+    next message only once the one before it is acked."""
     from outbox.postgres.queries import QUERIES
 
     async with stored(url, ["hot"] * n, pool_size=1) as store, store.pool.connection() as conn:
@@ -142,7 +142,7 @@ async def serial_acks(url: str, n: int) -> float:
         ids = [r[0] for r in await cur.fetchall()]
         started = time.perf_counter()
         for message_id in ids:
-            await conn.execute(QUERIES["message_ack_run"], {"ids": [message_id], "tokens": None})
+            await conn.execute(QUERIES["message_ack_run_one"], {"id": message_id, "token": None})
         return n / (time.perf_counter() - started)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 import pytest
@@ -177,6 +178,26 @@ async def test_a_stale_ack_leaves_a_keyed_message_to_its_current_holder(
     assert await claim(store, T0 + LEASE) == [], "the next waits while the head is held"
     assert await store.ack_many([current.id], tokens=[current.lease]) == {current.id}  # type: ignore[list-item]
     assert ns(await claim(store, T0 + LEASE)) == [("order-1", 1)]
+
+
+async def test_a_runs_acks_one_at_a_time_are_fenced_by_the_lease(store: Store[Any]) -> None:
+    await add(store, *keyed("hot", 4))
+    run = list(await store.claim(T0, LEASE, 10, run=16))  # the head and its run: ours
+    assert [m.json()["n"] for m in run] == [0, 1, 2, 3]
+    lease = run[0].lease
+    assert lease is not None
+
+    def ack(m: Any, tokens: list[Any] | None) -> Any:
+        return store.ack_many([m.id], tokens=tokens, keyed=False, durable=False)
+
+    assert await ack(run[0], [uuid.uuid4()]) == set(), "another lease's ack removes nothing"
+    assert await ack(run[0], []) == set(), "no lease is no lease"
+    assert await ack(run[0], [lease]) == {run[0].id}
+    assert await ack(run[1], None) == {run[1].id}, "no tokens: whoever holds it"
+    assert await store.ack_many(
+        [run[2].id, run[3].id], tokens=[lease], keyed=False, durable=False
+    ) == {run[2].id, run[3].id}
+    assert await ack(run[0], [lease]) == set(), "gone already"
 
 
 async def test_a_message_requeued_while_its_key_went_on_waits_for_the_one_in_flight(

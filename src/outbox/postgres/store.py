@@ -42,6 +42,7 @@ __all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepali
 _CLAIM = QUERIES["message_claim"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _ACK_RUN = QUERIES["message_ack_run"]
+_ACK_RUN_ONE = QUERIES["message_ack_run_one"]
 _ACK_KEYED = QUERIES["message_ack_keyed"]
 _KEY_UNPARK = QUERIES["key_unpark"]
 _CLAIM_RUN = QUERIES["message_claim_run"]
@@ -213,6 +214,9 @@ class PostgresStore(OperatorQueries):
         if not keyed and tokens is None:  # no key among them: the plain DELETE
             await self._count(_ACK_UNKEYED, {"ids": ids})
             return set(ids)
+        if not keyed and not durable and len(ids) == 1 and (tokens is None or len(tokens) == 1):
+            one = {"id": ids[0], "token": None if tokens is None else next(iter(tokens))}
+            return set(ids) if await self._count(_ACK_RUN_ONE, one) else set()
         params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
         if not keyed and not durable:
             return {r[0] for r in await self._fetch(_ACK_RUN, params)}

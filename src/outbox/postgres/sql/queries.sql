@@ -298,6 +298,15 @@ WHERE id = ANY(%(ids)b::uuid[])
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING id;
 
+-- message_ack_run_one --
+-- message_ack_run for one message (a busy key's run acks one at a time):
+-- scalar parameters, where a one-element array costs the relay a dump and
+-- the server a scan of it; the row count says whether it was removed.
+DELETE FROM outbox_messages
+WHERE id = %(id)s
+  AND (key IS NULL OR %(token)s::uuid IS NULL OR lease_token = %(token)s::uuid)
+  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
+
 -- message_ack_keyed --
 -- Remove a batch of delivered messages, some keyed, in one round trip. A
 -- message without a key is not fenced: once delivered it needs no further
