@@ -102,7 +102,7 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
         queries = _queries(rev)
         claim = queries["message_claim"].encode()
         # What a relay acks an unkeyed batch with (message_ack_many before keys).
-        ack = queries.get("message_ack_unkeyed", queries["message_ack_many"]).encode()
+        ack = (queries.get("message_ack_unkeyed") or queries["message_ack_many"]).encode()
         params = {
             "now": None,
             "lease": "2 min",
