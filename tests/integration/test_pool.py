@@ -40,13 +40,17 @@ async def test_the_pool_still_hands_out_every_connection_under_load(pg_conninfo:
     async with connect_pool(pg_conninfo, min_size=3, max_size=3) as pool:
         await pool.wait(timeout=10)
         seen: set[int] = set()
+        all_held = anyio.Event()
 
         async def hold() -> None:
             async with pool.connection() as conn:
                 seen.add(await _pid(conn))
-                await conn.execute("SELECT pg_sleep(0.05)")
+                if len(seen) == 3:
+                    all_held.set()
+                await all_held.wait()  # each keeps its own until all three hold one
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):
-                tg.start_soon(hold)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(hold)
         assert len(seen) == 3
