@@ -79,8 +79,8 @@ class RedisKind:
     def _redis(self) -> Redis:
         if self._client is None:
             from redis.asyncio import BlockingConnectionPool, Redis
+            from redis.asyncio.retry import Retry
             from redis.backoff import ExponentialBackoff
-            from redis.retry import Retry
 
             s = self.settings
             timeout = s.timeout.total_seconds()
