@@ -13,7 +13,8 @@ relay's CPU a message (unkeyed / keyed: steadier than the rates on a noisy
 machine), and the hot key against the ceiling of any relay that keeps a key's order: one
 connection acking a run's messages one at a time (``serial acks``). With
 ``--statements``, instead: one unkeyed and one keyed drain, with the calls and
-wall time of each statement the store ran (where a drain's time goes). With
+wall time of each statement the store ran and the share of the drain spent
+in claims (where a drain's time goes). With
 ``--acks N``: one ack of N claimed messages, unkeyed and keyed, wall and
 relay CPU.
 
@@ -26,6 +27,7 @@ Figures and the command that made them live in BENCHMARKS.md.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 import time
 import uuid
@@ -146,8 +148,11 @@ async def serial_acks(url: str, n: int) -> float:
         return n / (time.perf_counter() - started)
 
 
-def statements(url: str, keys: list[str | None], interval: str) -> dict[str, list[float]]:
-    """Drain ``keys`` as drain() does; per statement of the store: [calls, seconds]."""
+def statements(
+    url: str, keys: list[str | None], interval: str
+) -> tuple[float, dict[str, list[float]]]:
+    """Drain ``keys`` as drain() does: the drain's seconds and, per statement of
+    the store, the seconds of each call."""
     from outbox.postgres import PostgresStore
     from outbox.postgres.queries import QUERIES
 
@@ -161,9 +166,8 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
             try:
                 return await run(self, query, params)
             finally:
-                entry = spent.setdefault(names.get(id(query), str(query)[:40]), [0, 0.0])
-                entry[0] += 1
-                entry[1] += time.perf_counter() - started
+                name = names.get(id(query), str(query)[:40])
+                spent.setdefault(name, []).append(time.perf_counter() - started)
 
         return call
 
@@ -174,18 +178,17 @@ def statements(url: str, keys: list[str | None], interval: str) -> dict[str, lis
         try:
             return await pipelined(self, params)
         finally:
-            entry = spent.setdefault("message_ack_keyed + key_unpark", [0, 0.0])
-            entry[0] += 1
-            entry[1] += time.perf_counter() - started
+            name = "message_ack_keyed + key_unpark"
+            spent.setdefault(name, []).append(time.perf_counter() - started)
 
     PostgresStore._fetch, PostgresStore._count = timed(fetch), timed(count)  # type: ignore[method-assign]
     PostgresStore._ack_and_unpark = ack_and_unpark  # type: ignore[method-assign]
     try:
-        anyio.run(drain, url, keys, interval)
+        rate = anyio.run(drain, url, keys, interval)
     finally:
         PostgresStore._fetch, PostgresStore._count = fetch, count  # type: ignore[method-assign]
         PostgresStore._ack_and_unpark = pipelined  # type: ignore[method-assign]
-    return spent
+    return len(keys) / rate, spent
 
 
 ACK_WAYS = ("unkeyed", "keyed")
@@ -240,6 +243,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     n = args.messages
+    plain_keys: list[str | None] = [None] * n
+    spread_keys: list[str | None] = [f"k{i % args.keys}" for i in range(n)]
+    hot_keys: list[str | None] = ["hot"] * args.hot
     if args.acks:
         print(f"| round | {' | '.join(ACK_WAYS)} |")
         print(f"| ---: |{' ---: |' * len(ACK_WAYS)}")
@@ -249,14 +255,16 @@ def main() -> int:
             print(f"| {r + 1} | {cells} |", flush=True)
         return 0
     if args.statements:
-        for label, keys in (
-            ("unkeyed", [None] * n),
-            ("keyed", [f"k{i % args.keys}" for i in range(n)]),
-        ):
-            print(f"{label}: statement, calls, ms each")
-            spent = statements(args.database_url, keys, args.interval)
-            for name, (calls, seconds) in sorted(spent.items(), key=lambda kv: -kv[1][1]):
-                print(f"  {name} {calls:.0f} {seconds / calls * 1000:.1f}")
+        for label, keys in (("unkeyed", plain_keys), ("keyed", spread_keys)):
+            wall, spent = statements(args.database_url, keys, args.interval)
+            claims = sum(sum(spent.get(q, ())) for q in ("message_claim", "message_claim_run"))
+            print(
+                f"{label}: drain {wall * 1000:.0f} ms, {claims / wall:.0%} of it in claims;"
+                " statement, calls, ms each (mean, median)"
+            )
+            for name, each in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
+                mean, median = sum(each) / len(each), statistics.median(each)
+                print(f"  {name} {len(each)} {mean * 1000:.1f} {median * 1000:.1f}")
         return 0
     print(
         f"| round | unkeyed | keyed, {args.keys} keys | keyed / unkeyed | relay CPU a message"
@@ -264,11 +272,9 @@ def main() -> int:
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in range(args.rounds):
-        plain, plain_cpu = anyio.run(drained, args.database_url, [None] * n, args.interval)
-        spread, spread_cpu = anyio.run(
-            drained, args.database_url, [f"k{i % args.keys}" for i in range(n)], args.interval
-        )
-        hot = anyio.run(drain, args.database_url, ["hot"] * args.hot, args.interval)
+        plain, plain_cpu = anyio.run(drained, args.database_url, plain_keys, args.interval)
+        spread, spread_cpu = anyio.run(drained, args.database_url, spread_keys, args.interval)
+        hot = anyio.run(drain, args.database_url, hot_keys, args.interval)
         ceiling = anyio.run(serial_acks, args.database_url, args.hot)
         print(
             f"| {r + 1} | {plain:,.0f} | {spread:,.0f} | {spread / plain:.2f}x"
