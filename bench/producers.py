@@ -15,7 +15,11 @@ time, the transaction an application runs: insert a business row, plus
 At 1, 4 and 8 clients, in a fresh schema. Prints transactions per second and
 each variant's share of plain's.
 
-    python bench/producers.py [--database-url URL] [--seconds 8]
+    python bench/producers.py [--database-url URL] [--seconds 8] [--fillfactor 100]
+
+``--fillfactor`` sets the outbox table's (a diagnostic: what room left on each
+page for a claim's HOT update would cost the producer; see
+``bench/lease_layouts.py``).
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.
@@ -117,6 +121,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
     parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--fillfactor", type=int, choices=range(10, 101), metavar="10-100")
     args = parser.parse_args()
     with postgres(args.database_url) as url:
         schema = f"bench_{uuid.uuid4().hex[:8]}"
@@ -127,6 +132,12 @@ def main() -> int:
             anyio.run(migrate, conninfo)
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, item text)")
+                if args.fillfactor:
+                    conn.execute(
+                        sql.SQL("ALTER TABLE outbox_messages SET (fillfactor = {})").format(
+                            sql.Literal(args.fillfactor)
+                        )
+                    )
                 conn.execute(
                     "CREATE TABLE plain_messages (id uuid PRIMARY KEY, topic text NOT NULL, "
                     "payload json NOT NULL, created_at timestamptz NOT NULL, "
