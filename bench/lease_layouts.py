@@ -37,11 +37,7 @@ Figures and the command that made them live in BENCHMARKS.md.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import statistics
 import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +47,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import keys as drains
-from keyed_claim import statement
+from keyed_claim import median_claim, statement
 from server import local_arguments
 
 VARIANTS = ("unkeyed", "keyed", "split", "hot")
@@ -152,8 +148,6 @@ def hot_schema(fillfactor: int) -> tuple[str, ...]:
 
 async def claims(url: str, variant: str, args: Any) -> float:
     """The median claim of ``variant`` in milliseconds, draining ``args.messages``."""
-    from outbox.postgres.store import claim_params
-
     spread = [None if variant == "unkeyed" else f"k{i % args.keys}" for i in range(args.messages)]
     async with drains.stored(url, spread, pool_size=1) as store, store.pool.connection() as conn:
         await conn.set_autocommit(True)
@@ -164,20 +158,8 @@ async def claims(url: str, variant: str, args: Any) -> float:
         for change in ddl.get(variant, ()):
             await conn.execute(change)
         await conn.execute("ANALYZE outbox_messages")
-        took: list[float] = []
-        held: list[list[Any]] = []
-        while True:
-            params = claim_params(None, dt.timedelta(seconds=30), args.limit, uuid.uuid4())
-            started = time.perf_counter()
-            cur = await conn.execute(query, params)
-            rows = await cur.fetchall()
-            took.append(time.perf_counter() - started)
-            ids = [r[0] for r in rows if r[0] is not None]
-            if not ids:  # the first claims ran with fewer rows in flight
-                return statistics.median(took[args.in_flight :]) * 1000
-            held.append(ids)
-            if len(held) > args.in_flight:  # the oldest claim held is acked now
-                await conn.execute("DELETE FROM outbox_messages WHERE id = ANY(%s)", [held.pop(0)])
+        # The first claims ran with fewer rows in flight.
+        return await median_claim(conn, query, args.limit, args.in_flight, skip=args.in_flight)
 
 
 @contextlib.contextmanager
