@@ -14,7 +14,11 @@ alternately in each round:
   head check's probe of the key index costs);
 - ``keyed, no head check, no key index``: also without
   outbox_messages_key_idx (what the key index entry of each claimed row's
-  new version costs: a claim's update cannot be HOT).
+  new version costs: a claim's update cannot be HOT);
+- ``keyed, hashed key index``: the key index on ``(hashtextextended(key,
+  hashtext(topic)), seq)`` in place of ``(topic, key, seq)`` (eight bytes an
+  entry whatever the key's length), the head check probing it and comparing
+  topic and key in the row.
 
 The last two are diagnostics, not configurations: without the head check a
 key's order is not kept.
@@ -47,7 +51,11 @@ VARIANTS = (
     "keyed",
     "keyed, no head check",
     "keyed, no head check, no key index",
+    "keyed, hashed key index",
 )
+
+_HASH = "hashtextextended({0}key, hashtext({0}topic))"
+_BY_KEY = "WHERE e.topic = c.topic AND e.key = c.key AND e.seq < c.seq"
 
 
 def statement(variant: str) -> str:
@@ -62,6 +70,11 @@ def statement(variant: str) -> str:
             + "behind AS MATERIALIZED (SELECT id FROM candidates WHERE false),\n"
             + claim[end:]
         )
+    if "hashed" in variant:
+        hashed = f"WHERE {_HASH.format('e.')} = {_HASH.format('c.')} AND e.seq < c.seq"
+        if _BY_KEY not in claim:
+            raise SystemExit("message_claim's head check changed: update keyed_claim.py")
+        claim = claim.replace(_BY_KEY, f"{hashed} AND e.topic = c.topic AND e.key = c.key")
     return claim
 
 
@@ -97,6 +110,12 @@ async def claims(url: str, variant: str, messages: int, keys: int, limit: int) -
         await conn.set_autocommit(True)
         if variant.endswith("no key index"):
             await conn.execute("DROP INDEX outbox_messages_key_idx")
+        if "hashed" in variant:
+            await conn.execute("DROP INDEX outbox_messages_key_idx")
+            await conn.execute(
+                "CREATE INDEX outbox_messages_key_idx ON outbox_messages"
+                f" ({_HASH.format('')}, seq) WHERE key IS NOT NULL"
+            )
         await conn.execute("ANALYZE outbox_messages")
         return await median_claim(conn, statement(variant), limit)
 
