@@ -316,6 +316,16 @@ async def test_a_statement_the_database_does_not_answer_fails_within_the_deadlin
         await blocker.execute("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
         with anyio.fail_after(3), pytest.raises(StoreUnavailable, match=r"no answer within 0.5s"):
             await store.claim(T0, LEASE, 10)
+        cursor = await blocker.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+        )
+        abandoned = [pid for (pid,) in await cursor.fetchall()]
+        await blocker.rollback()
+        # The abandoned claim's backend may still run once the lock is gone:
+        # end it (waiting up to 5 s for it to exit) so that its transaction
+        # is settled one way or the other before the message is claimed again.
+        for pid in abandoned:
+            await blocker.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
         await blocker.rollback()
 
     # The abandoned claim may have run on the server once the lock was gone
