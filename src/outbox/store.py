@@ -216,7 +216,21 @@ class RelayStore(Protocol):
 
 
 class Operator(Protocol):
-    """What an operator's tools need: inspect, requeue and purge; the backlog."""
+    """What an operator's tools need: inspect, requeue and purge; the backlog.
+
+    ``ack``, ``retry`` and ``bury`` by id are the design's own operations: an
+    operator's (or a simple relay's) writes, unfenced, NotFound for an id that
+    is not there. A relay of this package writes back through the fenced
+    ``*_many`` operations and ``release``, whose Messages carry their lease.
+    """
+
+    async def ack(self, message_id: uuid.UUID) -> None:
+        """Remove a delivered message, whoever holds it.
+
+        The next message of its key, if a claim parked it behind this one, is
+        unparked with it (as the relay's ack does). NotFound if it is not there.
+        """
+        ...
 
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
         """End any lease and make the message due again at ``at``, keeping ``reason``.
@@ -233,7 +247,8 @@ class Operator(Protocol):
         """Stop delivering a message and keep it, with ``reason``, for an operator.
 
         ``at`` is when it was buried (default: the store's time). Unfenced,
-        like :meth:`retry`.
+        like :meth:`retry`. Where its topic skips past buried messages, the
+        next message of its key is unparked (as the relay's burial does).
         """
         ...
 

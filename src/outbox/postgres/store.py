@@ -289,6 +289,11 @@ class PostgresStore(OperatorQueries):
             r[0] for r in await self._fetch(_RELEASE, {"ids": ids, "tokens": tokens, "now": now})
         }
 
+    async def ack(self, message_id: uuid.UUID) -> None:
+        # The relay's keyed ack without a lease: removed and unparked together.
+        if await self._ack_and_unpark({"ids": [message_id], "tokens": None}):
+            raise NotFound(message_id)
+
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
         params = {"id": message_id, "at": at, "reason": reason}
         return await self._change_one(_RETRY, params)
@@ -296,8 +301,11 @@ class PostgresStore(OperatorQueries):
     async def bury(
         self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
     ) -> bool:
-        params = {"id": message_id, "at": at, "reason": reason}
-        return await self._change_one(_BURY, params)
+        rows = await self._fetch(_BURY, {"id": message_id, "at": at, "reason": reason})
+        if not rows:
+            raise NotFound(message_id)
+        await self._unpark(rows)  # where its topic skips buried heads
+        return True
 
     async def register_relay(
         self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None

@@ -408,11 +408,13 @@ RETURNING m.id;
 
 -- message_bury --
 -- An operator's write, unfenced: stop delivering one message and keep it
--- with the reason.
+-- with the reason; returns its topic and key (key_unpark follows, for a
+-- topic that skips past buried messages).
 UPDATE outbox_messages
 SET buried_at = coalesce(%(at)s::timestamptz, now()), leased_until = NULL,
     last_error = %(reason)s
-WHERE id = %(id)s;
+WHERE id = %(id)s
+RETURNING topic, key;
 
 -- message_bury_many --
 -- Bury messages, each only while its lease token still holds it; returns the
