@@ -200,6 +200,15 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
     assert "replicas" not in relay["spec"]
 
 
+def test_migrate_keeps_the_triggers_the_values_name() -> None:
+    values = {"migrations": {"allowTriggers": ["audit_copy", "audit_log"]}}
+    [job] = by_kind(documents(render(values)), "Job")
+
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "migrate", "--wait", "60s", "--allow-trigger", "audit_copy", "--allow-trigger", "audit_log",
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
@@ -212,6 +221,7 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
         ({"tracing": {"sampler": "sometimes"}}, "sampler"),
         ({"tracing": {"samplerArg": "half"}}, "samplerArg"),
         ({"tracing": {"endpoint": "otel-collector:4318"}}, "endpoint"),
+        ({"migrations": {"allowTriggers": ["audit; DROP"]}}, "allowTriggers"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: dict[str, Any], complaint: str) -> None:

@@ -483,3 +483,45 @@ def test_every_producer_path_stores_keys_in_the_order_given_and_headers(
         assert keyed[0][1] < keyed[1][1], f"{via}: the order given"
         assert [(n, key, seq) for n, key, seq in got if n == 1] == [(1, None, None)], via
     assert by_path["async"][-1][1] == "k"  # a single keyed message
+
+
+def test_django_migrate_refuses_a_trigger_it_did_not_create_until_the_setting_names_it(
+    django_db: Callable[[], Any], pg_conninfo: str
+) -> None:
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from outbox.errors import MigrationRefused
+    from outbox.postgres.queries import migrations
+
+    call_command("migrate", "outbox", verbosity=0)
+    last = migrations()[-1][0]
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION audit_copy() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RETURN NEW; END $$;"
+            " CREATE TRIGGER audit_copy AFTER INSERT ON outbox_messages"
+            " FOR EACH ROW EXECUTE FUNCTION audit_copy()"
+        )
+        # The release before the last migration, then the upgrade.
+        conn.execute("DELETE FROM outbox_schema_migrations WHERE version = %s", [last])
+        conn.execute(
+            "DELETE FROM django_migrations WHERE app = 'outbox' AND name = ("
+            " SELECT max(name) FROM django_migrations WHERE app = 'outbox')"
+        )
+
+    with pytest.raises(MigrationRefused, match="trigger audit_copy on outbox_messages"):
+        call_command("migrate", "outbox", verbosity=0)
+
+    settings.OUTBOX_ALLOW_TRIGGERS = ["audit_copy"]
+    try:
+        call_command("migrate", "outbox", verbosity=0)
+    finally:
+        del settings.OUTBOX_ALLOW_TRIGGERS
+    assert count_versions(pg_conninfo) == len(migrations())
+
+
+def count_versions(conninfo: str) -> int:
+    with psycopg.connect(conninfo) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_schema_migrations").fetchone()
+        return int(row[0]) if row else 0

@@ -181,9 +181,11 @@ def test_migrate_refuses_to_adopt_a_table_someone_else_created(roles: Roles) -> 
     result = run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner"))
 
     assert result.returncode == 1
-    line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("outbox migrate: migration 0001_outbox_messages: outbox_backlog")
-    assert f"(owned by {roles.names['squatter']}) not owned by the migrating role" in line
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "outbox migrate: migration 0001_outbox_messages: table outbox_backlog is owned by"
+    )
+    assert f"owned by {roles.names['squatter']}, not by the migrating role" in line
     applied = count(roles.url("owner"), "SELECT count(*) FROM outbox_schema_migrations")
     assert applied == 0, "nothing is recorded while a foreign outbox table is there"
 

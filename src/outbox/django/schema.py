@@ -26,12 +26,15 @@ from outbox.postgres.queries import migrations as shipped
 from outbox.postgres.schema import (
     BLOCKERS,
     BOOKKEEPING,
+    FOREIGN,
     INVALID_INDEXES,
     LOCK_KEY,
     LOCK_TIMEOUT,
     MIGRATE_WAIT,
     RECORD,
+    TRIGGERS,
     index_names,
+    refusal,
     statements,
     transactional,
 )
@@ -75,6 +78,7 @@ def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], Non
             _drop_invalid(connection, statement)
             _retrying(connection, what, [statement], None, atomic=False)
         with connection.cursor() as cur:
+            _owned(cur, what)
             cur.execute(RECORD, {"version": version, "name": name})
 
     return apply
@@ -99,6 +103,7 @@ def _retrying(
                     for sql in sqls:
                         cur.execute(sql)
                     if record is not None:
+                        _owned(cur, what)
                         cur.execute(RECORD, record)
             else:
                 with connection.cursor() as cur:
@@ -125,6 +130,21 @@ def _retrying(
             )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+def _owned(cur: Any, what: str) -> None:
+    """Refuse what `outbox migrate` refuses (outbox.postgres.schema): outbox objects
+    another role owns, and triggers on outbox tables not named in the setting
+    OUTBOX_ALLOW_TRIGGERS (a list of trigger names)."""
+    from django.conf import settings
+
+    cur.execute(FOREIGN, {})
+    foreign = cur.fetchall()
+    allowed = sorted(getattr(settings, "OUTBOX_ALLOW_TRIGGERS", ()))
+    cur.execute(TRIGGERS, {"allowed": allowed})
+    refused = refusal(what, foreign, cur.fetchall())
+    if refused is not None:
+        raise refused
 
 
 def _blockers(connection: Any) -> str:

@@ -21,6 +21,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
@@ -34,17 +35,20 @@ from outbox.postgres.queries import QUERIES, migrations
 __all__ = [
     "BLOCKERS",
     "BOOKKEEPING",
+    "FOREIGN",
     "GRANTS",
     "INVALID_INDEXES",
     "LOCK_KEY",
     "LOCK_TIMEOUT",
     "MIGRATE_WAIT",
     "RECORD",
+    "TRIGGERS",
     "grants_sql",
     "index_names",
     "migrate",
     "migrations_sql",
     "pending",
+    "refusal",
     "statements",
 ]
 
@@ -66,6 +70,10 @@ RECORD = QUERIES["schema_record"]
 BLOCKERS = QUERIES["schema_blockers"]
 """Who holds the locks a migration waits for: parameter lock (LOCK_KEY)."""
 INVALID_INDEXES = QUERIES["schema_invalid_indexes"]
+FOREIGN = QUERIES["schema_foreign"]
+"""Outbox objects another role owns: (kind, name, owner) rows."""
+TRIGGERS = QUERIES["schema_triggers"]
+"""Triggers on outbox tables not named in the parameter allowed: (trigger, table) rows."""
 _INDEX_NAME = re.compile(r"INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 
 
@@ -81,12 +89,20 @@ def statements(sql: str) -> list[str]:
 
 
 async def migrate(
-    conninfo: str, *, wait: float = MIGRATE_WAIT, lock_timeout: float = LOCK_TIMEOUT
+    conninfo: str,
+    *,
+    wait: float = MIGRATE_WAIT,
+    lock_timeout: float = LOCK_TIMEOUT,
+    allow_triggers: Collection[str] = (),
 ) -> list[int]:
     """Apply the migrations ``conninfo``'s database lacks; return the versions applied.
 
-    Raises MigrationBlocked when a lock stays out of reach for ``wait`` seconds.
+    Raises MigrationBlocked when a lock stays out of reach for ``wait`` seconds,
+    and MigrationRefused, before anything is applied and again inside each
+    migration, when an outbox object belongs to another role than the one
+    migrating, or an outbox table has a trigger not named in ``allow_triggers``.
     """
+    allowed = tuple(sorted(allow_triggers))
     applied: list[int] = []
     async with await connect(conninfo, autocommit=True) as conn:
         await conn.execute(
@@ -101,18 +117,19 @@ async def migrate(
                 await _retrying(conn, "outbox_schema_migrations", wait, [BOOKKEEPING], None)
             cur = await conn.execute(QUERIES["schema_applied"])
             done = {row[0] for row in await cur.fetchall()}
-            for version, name, sql in migrations():
-                if version in done:
-                    continue
+            todo = [m for m in migrations() if m[0] not in done]
+            if todo:  # before the first statement, and again inside each migration
+                await _owned(conn, f"migration {todo[0][0]:04d}_{todo[0][1]}", allowed)
+            for version, name, sql in todo:
                 what = f"migration {version:04d}_{name}"
                 record = {"version": version, "name": name}
                 if transactional(sql):
-                    await _retrying(conn, what, wait, [sql], record)
+                    await _retrying(conn, what, wait, [sql], record, allowed)
                 else:
                     for statement in statements(sql):
                         await _drop_invalid(conn, statement)
-                        await _retrying(conn, what, wait, [statement], None)
-                    await _owned(conn, what)
+                        await _retrying(conn, what, wait, [statement], None, allowed)
+                    await _owned(conn, what, allowed)
                     await conn.execute(RECORD, record)
                 log.info("applied migration %04d_%s", version, name)
                 applied.append(version)
@@ -178,6 +195,7 @@ async def _retrying(
     wait: float,
     sqls: list[str],
     record: dict[str, Any] | None,
+    allowed: tuple[str, ...] = (),
 ) -> None:
     """Run ``sqls`` (and the bookkeeping row) in one transaction, retrying lock timeouts."""
     started = time.monotonic()
@@ -188,7 +206,7 @@ async def _retrying(
                 for sql in sqls:
                     await conn.execute(sql.encode())
                 if record is not None:
-                    await _owned(conn, what)
+                    await _owned(conn, what, allowed)
                     await conn.execute(RECORD, record)
             return
         except psycopg.errors.LockNotAvailable:
@@ -211,18 +229,41 @@ class _none:
         return None
 
 
-async def _owned(conn: psycopg.AsyncConnection[Any], what: str) -> None:
-    """Refuse outbox objects the migrating role does not own (inside the migration's
-    transaction, so nothing of it is recorded): ``IF NOT EXISTS`` would otherwise
-    adopt a table someone else created first, triggers and all."""
-    cur = await conn.execute(QUERIES["schema_foreign"])
+async def _owned(conn: psycopg.AsyncConnection[Any], what: str, allowed: tuple[str, ...]) -> None:
+    """Refuse outbox objects the migrating role does not own, and triggers on outbox
+    tables not named in ``allowed`` (inside a migration's transaction, so nothing
+    of it is recorded): ``IF NOT EXISTS`` would otherwise adopt a table someone
+    else created first, triggers and all."""
+    cur = await conn.execute(FOREIGN, {})
     foreign = await cur.fetchall()
+    cur = await conn.execute(TRIGGERS, {"allowed": list(allowed)})
+    refused = refusal(what, foreign, await cur.fetchall())
+    if refused is not None:
+        raise refused
+
+
+def refusal(
+    what: str, foreign: list[tuple[str, str, str]], triggers: list[tuple[str, str]]
+) -> MigrationRefused | None:
+    """What migrate says of the rows of FOREIGN and TRIGGERS: one line naming the
+    first object and its owner (or trigger and table); None when both are empty."""
     if foreign:
-        names = ", ".join(f"{name} (owned by {owner})" for name, owner in foreign)
-        raise MigrationRefused(
-            f"{what}: {names} not owned by the migrating role; outbox objects are "
-            "created by the role that runs migrate: drop them, or migrate as their owner"
+        kind, name, owner = foreign[0]
+        more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+        return MigrationRefused(
+            f"{what}: {kind} {name} is owned by {owner}, not by the migrating role{more}; "
+            "outbox objects are created by the role that runs migrate: drop it, or "
+            "migrate as its owner"
         )
+    if triggers:
+        trigger, table = triggers[0]
+        more = f" (and {len(triggers) - 1} more)" if len(triggers) > 1 else ""
+        return MigrationRefused(
+            f"{what}: trigger {trigger} on {table} was not created by outbox-relay{more} "
+            "and would see every message; drop it, or allow it by name "
+            f"(outbox migrate --allow-trigger {trigger})"
+        )
+    return None
 
 
 async def _blockers(conn: psycopg.AsyncConnection[Any]) -> str:

@@ -59,6 +59,16 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
             "(default 60s); producers wait at most 0.8s behind each try"
         ),
     )
+    migrate.add_argument(
+        "--allow-trigger",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=(
+            "a trigger of your own on an outbox table (an audit trigger) that migrate may "
+            "keep; any other trigger it did not create makes migrate refuse (repeatable)"
+        ),
+    )
     migrate.set_defaults(func=run)
 
 
@@ -90,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
 
     async def run() -> list[int]:
         async with database(settings, migrate_embedded=False) as url:
-            return await migrate(url, wait=args.wait.total_seconds())
+            return await migrate(
+                url, wait=args.wait.total_seconds(), allow_triggers=args.allow_trigger
+            )
 
     applied = anyio.run(run)
     log.info("schema up to date; applied %s", applied or "nothing")
