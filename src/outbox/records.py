@@ -57,6 +57,11 @@ class TopicSettings:
     on_buried: str | None = None
     """What a buried message does to the later ones of its key: ``block`` (None,
     the default: they wait until it is requeued or purged) or ``skip``."""
+    reroute: bool = False
+    """Whether the entry's source may send a topic that has a built-in or
+    application handler to a handler kind instead: an operator's entry may,
+    an OutboxTopic only with a grant that says ``:reroute``. A relay never
+    lets an entry without it replace a handler of its own."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -93,3 +98,5 @@ class RelayInfo:
     seen_at: dt.datetime | None = None
     expires_at: dt.datetime | None = None
     """Once past, the relay no longer counts as live (it died or stalled)."""
+    handlers: tuple[str, ...] = ()
+    """The topics it has a built-in or application handler for (among ``topics``)."""

@@ -28,6 +28,7 @@ async def test_registry_round_trip(store: Store[Any]) -> None:
         timeout=dt.timedelta(seconds=5),
         max_in_flight=4,
         source="cli",
+        reroute=True,
     )
 
     await store.set_topic(entry, T0)
@@ -156,6 +157,53 @@ async def test_generic_kind_delivers_a_new_topic_and_unknown_kind_leaves_it(f: F
         await f.store.get(logged.id)
     state = await f.store.get(unknown.id)
     assert (state.buried_at, state.message.attempts) == (None, 0)
+
+
+@pytest.mark.parametrize(
+    "source", ["kubernetes:tenant-b/steal", "kubernetes:outbox/mail-login-link", None]
+)
+async def test_an_entry_without_a_reroute_grant_never_replaces_the_relays_own_handler(
+    f: Fixture, source: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Applied while no relay served the topic (a fresh install, an outage):
+    # the relay that then starts with its own handler keeps it.
+    await f.set(topic="mail.login_link", handler="log", source=source, max_attempts=2)
+    code = await f.add()
+    await f.add()
+
+    assert await f.next_poll() == 2
+
+    assert f.seen == [("mail.login_link", 1), ("mail.login_link", 1)]
+    with pytest.raises(NotFound):
+        await f.store.get(code.id)
+    said = [r.getMessage() for r in caplog.records if "without a reroute grant" in r.getMessage()]
+    assert said == [  # once, however many messages and polls
+        f"topic mail.login_link: the entry of {source or 'unknown source'} sends it to handler "
+        "'log' without a reroute grant; this relay keeps its own handler"
+    ]
+    await f.set(topic="mail.login_link", handler="log", source=source, enabled=False)
+    await f.add()
+    assert await f.next_poll() == 0, "what else the entry says still applies"
+
+
+async def test_an_entry_with_a_reroute_grant_sends_the_topic_to_its_kind(f: Fixture) -> None:
+    await f.set(topic="mail.login_link", handler="log", source="cli", reroute=True)
+    await f.add()
+
+    assert await f.next_poll() == 1
+
+    assert f.seen == []
+    assert f.metric("outbox_delivered_total", "mail.login_link") == 1
+
+
+async def test_a_relay_registers_the_topics_it_has_a_handler_of_its_own_for(f: Fixture) -> None:
+    await f.set(topic="orders.placed", handler="log")
+    await f.relay.drain()
+
+    [me] = await f.store.relays(now=f.now)
+
+    assert set(me.topics) == {"mail.login_link", "orders.placed"}
+    assert me.handlers == ("mail.login_link",)
 
 
 async def test_topic_without_entry_or_builtin_waits_the_grace_and_builtin_uses_defaults(

@@ -247,6 +247,49 @@ async def test_without_grants_no_resource_reroutes_a_built_in_or_application_top
     assert set(await pg_store.topics()) == {"tenant.events"}
 
 
+async def test_a_reroute_applied_before_any_relay_served_the_topic_is_withdrawn_once_one_does(
+    pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    from outbox.store import RelayInfo
+
+    await migrate(pg_conninfo)
+    steal = {"topic": "orders.placed", "handler": "webhook"}
+    steal["webhook"] = {"url": "https://attacker.example/collect"}  # type: ignore[assignment]
+
+    # A fresh install: no relay has said it serves orders.placed yet.
+    early = await _reconcile(pg_store, "tenant-b", steal)
+    assert early.ready
+    entry = (await pg_store.topics())["orders.placed"]
+    assert (entry.handler, entry.reroute) == ("webhook", False)  # relays keep their own
+
+    # The application's relay starts: it serves the topic through the webhook
+    # entry (listed in topics), but says it has a handler of its own.
+    relay = RelayInfo(
+        uuid.uuid4(), "pod-a", 7, "0.2.0", ("orders.placed",), ("webhook",),
+        handlers=("orders.placed",),
+    )  # fmt: skip
+    await pg_store.register_relay(relay, dt.timedelta(minutes=1))
+    later = await _reconcile(pg_store, "tenant-b", steal)
+
+    assert not later.ready
+    assert [c["type"] for c in later.status["conditions"]] == ["Ready", "Invalid"]
+    assert "has a built-in or application handler" in _message(later)
+    assert "orders.placed" not in await pg_store.topics(), "the entry is withdrawn"
+
+
+async def test_a_granted_reroute_is_recorded_on_the_entry(
+    pg_conninfo: str, pg_store: PostgresStore
+) -> None:
+    from outbox.controller.grants import parse_grants
+
+    await migrate(pg_conninfo)
+    grants = parse_grants("billing=orders.*:reroute, shop=orders.placed")
+    spec = {"topic": "orders.placed", "handler": "log"}
+
+    assert (await _reconcile(pg_store, "billing", spec, grants=grants)).ready
+    assert (await pg_store.topics())["orders.placed"].reroute
+
+
 async def test_with_grants_a_namespace_governs_only_its_granted_topics(
     pg_conninfo: str, pg_store: PostgresStore
 ) -> None:

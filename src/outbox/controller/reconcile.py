@@ -44,6 +44,11 @@ class InvalidSpec(OutboxError):
     """The OutboxTopic's spec cannot be applied; the message says why."""
 
 
+class Ungranted(InvalidSpec):
+    """The resource's namespace may not govern its topic as it asks: the entry it
+    wrote before, if any, leaves the registry."""
+
+
 def source_of(namespace: str | None, name: str) -> str:
     """How a resource is named in the registry's source column."""
     return f"{SOURCE_PREFIX}{namespace or ''}/{name}"
@@ -207,7 +212,7 @@ def _describe(e: TopicSettings) -> str:
 def _same(a: TopicSettings, b: TopicSettings) -> bool:
     fields = (
         "topic", "enabled", "handler", "max_attempts", "timeout", "max_in_flight", "source",
-        "on_buried",
+        "on_buried", "reroute",
     )  # fmt: skip
     same = all(getattr(a, f) == getattr(b, f) for f in fields)
     return same and dict(a.config) == dict(b.config)
@@ -239,13 +244,19 @@ async def reconcile(
     registry = await store.topics()
     try:
         entry = desired(spec, lease=lease, builtin_topics=builtin_topics, kinds=kinds)
-        await _granted(store, entry, source, registry, grants, builtin_topics, kinds)
+        reroute = await _granted(store, entry, source, registry, grants, builtin_topics, kinds)
     except InvalidSpec as exc:
         applied = registry.get(str(spec.get("topic")))
+        if isinstance(exc, Ungranted) and applied is not None and applied.source == source:
+            # Applied while nothing showed the topic had a handler of its own
+            # (a fresh install, a relay outage): relays with one never used
+            # it, and now no relay does.
+            await store.delete_topic(applied.topic)
+            applied = None
         status["enabled"] = applied.enabled if applied else True
         status["conditions"] = conditions("Invalid", "InvalidSpec", str(exc), now, previous)
         return Outcome(status, None, ready=False, warning=new_problem(status, previous))
-    entry = dataclasses.replace(entry, source=source, owner_since=created)
+    entry = dataclasses.replace(entry, source=source, owner_since=created, reroute=reroute)
     status.update(topic=entry.topic, handler=entry.handler or "built-in")
     # A resource whose spec.topic changed (before it was immutable) leaves its old topic.
     for old in registry.values():
@@ -284,28 +295,34 @@ async def _granted(
     grants: Grants,
     builtin_topics: frozenset[str],
     kinds: Mapping[str, HandlerKind],
-) -> None:
-    """Raise InvalidSpec unless the resource's namespace may govern ``entry`` as it asks."""
+) -> bool:
+    """Raise Ungranted unless the resource's namespace may govern ``entry`` as it
+    asks; return whether it holds a reroute grant (its entry's ``reroute``)."""
     namespace = source.removeprefix(SOURCE_PREFIX).partition("/")[0]
     found = grants.find(namespace, entry.topic)
     if grants.configured and not found:
-        raise InvalidSpec(
+        raise Ungranted(
             f"namespace {namespace} is not granted topic {entry.topic} "
             "(OUTBOX_CONTROLLER_GRANTS; chart value controller.grants)"
         )
-    if entry.handler not in kinds or any(g.reroute for g in found):
-        return
-    # Rerouting: is the topic served by a built-in or an application handler?
-    # Relays list what they serve; a topic a kind serves through the registry
-    # lists too, so those entries do not count.
+    reroute = any(g.reroute for g in found)
+    if entry.handler not in kinds or reroute:
+        return reroute
+    # Rerouting: has the topic a built-in or an application handler? Relays
+    # list the topics they have one for; a relay of an earlier release lists
+    # only what it serves, where a topic a kind serves through the registry
+    # is listed too, so those entries do not count.
     by_kind = {t for t, e in registry.items() if e.handler in kinds}
-    served = {t for r in await store.relays() for t in r.topics} - by_kind
+    relays = await store.relays()
+    served = {t for r in relays for t in r.topics} - by_kind
+    served.update(t for r in relays for t in r.handlers)
     if entry.topic in builtin_topics or entry.topic in served:
-        raise InvalidSpec(
+        raise Ungranted(
             f"topic {entry.topic} has a built-in or application handler; sending it to "
             f"handler {entry.handler} needs a grant with :reroute for namespace {namespace} "
             "(OUTBOX_CONTROLLER_GRANTS; chart value controller.grants)"
         )
+    return False
 
 
 def unavailable(reason: str, now: dt.datetime, previous: Mapping[str, Any] | None) -> Outcome:

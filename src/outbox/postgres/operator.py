@@ -220,5 +220,6 @@ def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str,
         "max_in_flight": settings.max_in_flight,
         "source": settings.source,
         "on_buried": settings.on_buried,
+        "reroute": settings.reroute,
         "now": now,
     }

@@ -317,6 +317,7 @@ class PostgresStore(OperatorQueries):
             "version": relay.version,
             "topics": list(relay.topics),
             "kinds": list(relay.kinds),
+            "handlers": list(relay.handlers),
             "ttl": ttl,
             "now": now,
         }
@@ -328,10 +329,7 @@ class PostgresStore(OperatorQueries):
         await self._count(_RELAY_UNREGISTER, {"id": relay_id})
 
     async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
-        return [
-            RelayInfo(r[0], r[1], r[2], r[3], tuple(r[4]), tuple(r[5]), *r[6:])
-            for r in await self._fetch(_RELAY_LIST, {"now": now})
-        ]
+        return [_relay(r) for r in await self._fetch(_RELAY_LIST, {"now": now})]
 
     async def wakeups(self, wake: Callable[[frozenset[str] | None], None]) -> None:
         # LISTEN needs a session of its own, outside the pool.
@@ -421,6 +419,15 @@ def _pairs(keys: Iterable[tuple[str, str]]) -> str | None:
     sorted (concurrent unparks lock rows in one order); None for none."""
     pairs = sorted(set(keys))
     return json.dumps(pairs, separators=(",", ":")) if pairs else None
+
+
+def _relay(r: Any) -> RelayInfo:
+    """The RelayInfo of a row of relay_list."""
+    id_, host, pid, version, topics, kinds, started, seen, expires, handlers = r
+    return RelayInfo(
+        id_, host, pid, version, tuple(topics), tuple(kinds), started, seen, expires,
+        tuple(handlers),
+    )  # fmt: skip
 
 
 def _claimed(r: Any, token: uuid.UUID) -> Message:

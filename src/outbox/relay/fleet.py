@@ -80,6 +80,7 @@ class Fleet:
             version=self.version,
             topics=tuple(sorted(self.router.served)),
             kinds=tuple(sorted(self.router.kinds)),
+            handlers=tuple(sorted(self.router.handlers)),
         )
 
     async def heartbeat(self) -> None:

@@ -8,7 +8,10 @@ claims only the topics it can deliver; a topic it cannot deliver as the
 registry asks (an unknown handler kind, a config the kind refuses) is left to
 the relays that can, and a topic nobody serves is buried with "no handler"
 only after the fleet grace (see outbox.relay.fleet), so a mistake in the
-registry or a rolling deploy loses nothing.
+registry or a rolling deploy loses nothing. An entry may replace a handler
+the relay has of its own (built-in or the application's) only when its
+source holds a reroute grant (``TopicSettings.reroute``): an OutboxTopic
+author cannot send a sign-in code elsewhere by getting there first.
 
 Handlers may be ``async def`` (run on the event loop) or plain ``def`` (run in
 worker threads, at most ``THREADS`` at a time, so a blocking SMTP library
@@ -164,6 +167,18 @@ class Router:
         name = t.handler or t.topic
         if name in self.handlers and not t.config:
             return self.handlers[name]
+        own = self.handlers.get(t.topic)
+        if own is not None and not t.reroute:
+            # Whoever may write an OutboxTopic must not send a topic this
+            # relay delivers itself (a sign-in code, an order) to a URL of
+            # theirs: only an entry whose source holds a reroute grant may.
+            self._complain(
+                t.topic,
+                f"reroute:{name}",
+                f"the entry of {t.source or 'unknown source'} sends it to handler {name!r} "
+                "without a reroute grant; this relay keeps its own handler",
+            )
+            return own
         kind = self.kinds.get(name)
         if kind is None:
             self._complain(t.topic, name, f"this relay has no handler {name!r}; left unclaimed")

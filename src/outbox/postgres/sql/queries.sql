@@ -666,7 +666,7 @@ FROM joined ORDER BY topic;
 -- topic_list --
 -- The whole topic registry.
 SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
-       owner_since, on_buried
+       owner_since, on_buried, reroute
 FROM outbox_topics
 ORDER BY topic;
 
@@ -674,11 +674,13 @@ ORDER BY topic;
 -- Create or replace one topic's registry entry.
 INSERT INTO outbox_topics
     (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,
-     on_buried)
+     on_buried, reroute)
 VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
-        %(max_in_flight)s, %(source)s, coalesce(%(now)s::timestamptz, now()), %(on_buried)s)
+        %(max_in_flight)s, %(source)s, coalesce(%(now)s::timestamptz, now()), %(on_buried)s,
+        %(reroute)s)
 ON CONFLICT (topic) DO UPDATE
 SET enabled = excluded.enabled,
+    reroute = excluded.reroute,
     on_buried = excluded.on_buried,
     handler = excluded.handler,
     config = excluded.config,
@@ -700,12 +702,13 @@ SET enabled = excluded.enabled,
 WITH written AS (
     INSERT INTO outbox_topics
         (topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source,
-         owner_since, updated_at, on_buried)
+         owner_since, updated_at, on_buried, reroute)
     VALUES (%(topic)s, %(enabled)s, %(handler)s, %(config)s, %(max_attempts)s, %(timeout)s,
             %(max_in_flight)s, %(source)s, %(owner_since)s,
-            coalesce(%(now)s::timestamptz, now()), %(on_buried)s)
+            coalesce(%(now)s::timestamptz, now()), %(on_buried)s, %(reroute)s)
     ON CONFLICT (topic) DO UPDATE
     SET enabled = excluded.enabled,
+        reroute = excluded.reroute,
         on_buried = excluded.on_buried,
         handler = excluded.handler,
         config = excluded.config,
@@ -740,13 +743,14 @@ DELETE FROM outbox_topics WHERE topic = %(topic)s;
 -- Record (or refresh) one running relay and what it serves; it counts as
 -- live for %(ttl)s. Returns the database's time, to measure the relay's skew.
 INSERT INTO outbox_relays
-    (id, host, pid, version, topics, kinds, started_at, seen_at, expires_at)
+    (id, host, pid, version, topics, kinds, started_at, seen_at, expires_at, handlers)
 VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(topics)s, %(kinds)s,
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-        coalesce(%(now)s::timestamptz, now()) + %(ttl)s)
+        coalesce(%(now)s::timestamptz, now()) + %(ttl)s, %(handlers)s)
 ON CONFLICT (id) DO UPDATE
 SET topics = excluded.topics,
     kinds = excluded.kinds,
+    handlers = excluded.handlers,
     seen_at = excluded.seen_at,
     expires_at = excluded.expires_at
 RETURNING seen_at;
@@ -757,7 +761,7 @@ DELETE FROM outbox_relays WHERE id = %(id)s;
 
 -- relay_list --
 -- The live relays, oldest first.
-SELECT id, host, pid, version, topics, kinds, started_at, seen_at, expires_at
+SELECT id, host, pid, version, topics, kinds, started_at, seen_at, expires_at, handlers
 FROM outbox_relays
 WHERE expires_at > coalesce(%(now)s::timestamptz, now())
 ORDER BY started_at, id;

@@ -109,7 +109,8 @@ async def topics_set(
     }
     if "config" in fields and fields["config"] is None:
         fields["config"] = {}
-    entry = dataclasses.replace(current, source="cli", **fields)
+    # An operator's entry may send any topic anywhere (``reroute``).
+    entry = dataclasses.replace(current, source="cli", reroute=True, **fields)
     served = frozenset(t for r in await store.relays() for t in r.topics)
     checked(entry, lease=lease, kinds=kinds, served=served)
     await store.set_topic(entry, now)
