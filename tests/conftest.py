@@ -12,7 +12,7 @@ import os
 import socket
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -101,3 +101,17 @@ async def pg_store(pg_conninfo: str) -> AsyncIterator[PostgresStore]:
     await migrate(pg_conninfo)
     async with connect_pool(pg_conninfo, min_size=1, max_size=8) as pool:
         yield PostgresStore(pool)
+
+
+@pytest.fixture
+def max_payload(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Set OUTBOX_MAX_PAYLOAD as an application would before its first message
+    (producers read it once a process); the default again afterwards."""
+    from outbox.message import max_payload as limit
+
+    def set_limit(text: str) -> None:
+        monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", text)
+        limit.cache_clear()
+
+    yield set_limit
+    limit.cache_clear()

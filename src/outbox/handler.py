@@ -67,6 +67,10 @@ class Kind:
     """The pip extra that installs what it needs (None: the relay's own)."""
     modules: tuple[str, ...] = ()
     """The top-level modules that extra brings."""
+    reserved_headers: tuple[str, ...] = ()
+    """Header names (lower-case; ending in ``-``: a prefix) its transport gives
+    meaning to, which no message or topic config may set: the core refuses
+    them when a message is made (outbox.headers.RESERVED holds the union)."""
 
     def config_of(self, typed: Mapping[str, Any]) -> dict[str, Any]:
         """spec.<spec_field> in the relays' spelling (unset and empty values left out)."""

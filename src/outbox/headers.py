@@ -17,6 +17,7 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_HEADER_BYTES",
     "MAX_VALUE",
+    "RESERVED",
     "check_header",
     "message_headers",
     "reserved",
@@ -31,25 +32,38 @@ MAX_HEADER_BYTES = 16 * 1024
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}")
 _VALUE = re.compile(r"[\x20-\x7e\t]*")
-_RESERVED = frozenset(
-    {
-        "authorization",
-        "connection",
-        "content-encoding",
-        "content-length",
-        "content-type",
-        "cookie",
-        "expect",
-        "host",
-        "idempotency-key",
-        "keep-alive",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
+RESERVED: tuple[str, ...] = (
+    # The relay's own.
+    "outbox-",
+    # The kinds' (each Kind's reserved_headers; tests/unit/test_kinds.py keeps
+    # this the union of them): HTTP framing and credentials, Standard
+    # Webhooks' signature (webhook), CloudEvents' attributes (webhook, nats,
+    # amqp), NATS's own (nats).
+    "authorization",
+    "connection",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "cookie",
+    "expect",
+    "host",
+    "idempotency-key",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-",
+    "sec-",
+    "webhook-",
+    "ce-",
+    "nats-",
 )
-_RESERVED_PREFIXES = ("proxy-", "outbox-", "webhook-", "sec-", "nats-", "ce-")
+"""Header names no producer or topic config may set, lower-case; one ending in
+``-`` is a prefix. The core checks them when a message is made, so it knows the
+kinds' names without importing a kind."""
+_RESERVED = frozenset(n for n in RESERVED if not n.endswith("-"))
+_RESERVED_PREFIXES = tuple(n for n in RESERVED if n.endswith("-"))
 
 
 def reserved(name: str) -> bool:

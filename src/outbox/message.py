@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ __all__ = [
     "check_message",
     "loads_strict",
     "new_message",
+    "parse_size",
     "validate_key",
     "validate_topic",
 ]
@@ -44,17 +46,31 @@ _SIZE = re.compile(r"(\d+)\s*(|b|kib|mib)", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024 * 1024}
 
 
+def parse_size(text: str) -> int:
+    """Bytes in ``text`` (like 262144, 256KiB or 1MiB), from 1 byte to 64MiB;
+    ValueError otherwise. OUTBOX_MAX_PAYLOAD's parser, here and in the settings."""
+    match = _SIZE.fullmatch(text.strip())
+    size = int(match[1]) * _UNITS[match[2].lower()] if match else 0
+    if not 1 <= size <= 64 * 1024 * 1024:
+        raise ValueError("must be a size from 1 byte to 64MiB (like 262144 or 256KiB)")
+    return size
+
+
+@functools.cache
 def max_payload() -> int:
-    """The largest payload producers may add: OUTBOX_MAX_PAYLOAD (bytes, KiB or MiB)."""
+    """The largest payload producers may add: OUTBOX_MAX_PAYLOAD (bytes, KiB or MiB).
+
+    Read once a process, when the first message is made or added: an
+    application sets it in its environment before that. ``max_payload.cache_clear()``
+    reads it again.
+    """
     text = os.environ.get("OUTBOX_MAX_PAYLOAD", "").strip()
     if not text:
         return MAX_PAYLOAD
-    match = _SIZE.fullmatch(text)
-    if not match or not 1 <= int(match[1]) * _UNITS[match[2].lower()] <= 64 * 1024 * 1024:
-        raise ConfigError(
-            "OUTBOX_MAX_PAYLOAD", "must be a size from 1 byte to 64MiB (like 262144 or 256KiB)"
-        )
-    return int(match[1]) * _UNITS[match[2].lower()]
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ConfigError("OUTBOX_MAX_PAYLOAD", str(exc)) from None
 
 
 def _size_problem(size: int) -> str | None:

@@ -389,7 +389,7 @@ def test_many_messages_are_one_statement(db: str) -> None:
 
 
 def test_every_producer_path_refuses_a_payload_over_the_limit(
-    db: str, monkeypatch: pytest.MonkeyPatch, django_db: Callable[[], Any]
+    db: str, max_payload: Callable[[str], None], django_db: Callable[[], Any]
 ) -> None:
     from django.db import transaction as django_transaction
     from sqlalchemy import create_engine
@@ -399,7 +399,7 @@ def test_every_producer_path_refuses_a_payload_over_the_limit(
     from outbox.sqlalchemy import add as sa_add
 
     big = new_message("files.uploaded", {"blob": "x" * 100_000})
-    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "64KiB")
+    max_payload("64KiB")
 
     async def add_async() -> None:
         async with await psycopg.AsyncConnection.connect(db) as conn:

@@ -48,6 +48,18 @@ def test_kinds_have_distinct_names_and_fields() -> None:
     assert {"log", "webhook", "nats"} <= set(BY_NAME)
 
 
+def test_the_cores_reserved_headers_are_the_relays_own_and_the_union_of_the_kinds() -> None:
+    from outbox.headers import RESERVED, reserved
+
+    union = {name for kind in KINDS for name in kind.reserved_headers}
+    assert set(RESERVED) == {"outbox-"} | union
+    assert len(RESERVED) == len(set(RESERVED))
+    for kind in KINDS:
+        for name in kind.reserved_headers:
+            assert name == name.lower()
+            assert reserved(name if not name.endswith("-") else f"{name}Thing".upper())
+
+
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
 def test_a_kinds_secrets_are_its_settings_secret_fields(kind: Kind) -> None:
     if kind.settings is None:

@@ -4,6 +4,7 @@ import dataclasses
 import datetime as dt
 import json
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -180,7 +181,9 @@ def test_a_payload_that_does_not_fit_is_a_permanent_error(payload: object, model
     assert issubclass(PayloadMismatch, Permanent)
 
 
-def test_a_payload_over_the_limit_is_refused_on_add(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_payload_over_the_limit_is_refused_on_add(
+    monkeypatch: pytest.MonkeyPatch, max_payload: Callable[[str], None]
+) -> None:
     from outbox import ConfigError
     from outbox.message import MAX_PAYLOAD, check_message
 
@@ -188,14 +191,25 @@ def test_a_payload_over_the_limit_is_refused_on_add(monkeypatch: pytest.MonkeyPa
     with pytest.raises(EncodeError, match="OUTBOX_MAX_PAYLOAD allows 1048576"):
         new_message("files.uploaded", big)
 
-    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "4MiB")
+    max_payload("4MiB")
     m = new_message("files.uploaded", big)
-    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "64KiB")
+    max_payload("64KiB")
     with pytest.raises(ValueError, match="OUTBOX_MAX_PAYLOAD allows 65536"):
         check_message(m)
-    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "lots")
+    max_payload("lots")
     with pytest.raises(ConfigError, match="OUTBOX_MAX_PAYLOAD"):
         new_message("files.uploaded", {})
+
+
+def test_the_payload_limit_is_read_once_a_process(
+    monkeypatch: pytest.MonkeyPatch, max_payload: Callable[[str], None]
+) -> None:
+    max_payload("64KiB")
+    new_message("files.uploaded", {})  # the first message reads it
+
+    monkeypatch.setenv("OUTBOX_MAX_PAYLOAD", "lots")  # not read again
+    with pytest.raises(EncodeError, match="OUTBOX_MAX_PAYLOAD allows 65536"):
+        new_message("files.uploaded", {"blob": "x" * 70_000})
 
 
 def test_a_hand_built_message_nested_too_deep_is_a_value_error() -> None:

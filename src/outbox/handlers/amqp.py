@@ -182,5 +182,6 @@ KIND = Kind(
     topic_fields={"cloudEvents": "cloud_events"},
     extra="amqp",
     modules=("aio_pika", "aiormq", "pamqp"),
+    reserved_headers=("ce-",),  # CloudEvents' attributes in binary mode
 )
 """The RabbitMQ kind; without its extra, only the topics that name it are refused."""

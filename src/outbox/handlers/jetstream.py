@@ -124,5 +124,6 @@ KIND = Kind(
     topic_fields={"cloudEvents": "cloud_events"},
     extra="nats",
     modules=("nats",),
+    reserved_headers=("nats-", "ce-"),  # NATS's own (Nats-Msg-Id dedupes), CloudEvents'
 )
 """The NATS JetStream kind; without its extra, only the topics that name it are refused."""

@@ -205,5 +205,26 @@ KIND = Kind(
     spec_field="webhook",
     spec_names={"url": "url", "secretEnv": "secret_env", "headers": "headers"},
     topic_fields={"cloudEvents": "cloud_events"},
+    # HTTP framing and credentials, Standard Webhooks' signature, CloudEvents'.
+    reserved_headers=(
+        "authorization",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "cookie",
+        "expect",
+        "host",
+        "idempotency-key",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-",
+        "sec-",
+        "webhook-",
+        "ce-",
+    ),
 )
 """The webhook kind (aiohttp comes with the relay)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     Field,
     SecretStr,
@@ -29,7 +30,7 @@ from outbox.handlers.settings import (
     WebhookSettings,
     lower,
 )
-from outbox.message import validate_topic
+from outbox.message import parse_size, validate_topic
 from outbox.relay.config import RelayConfig
 from outbox.settings import ENV_PREFIX, Duration, config_error, load
 
@@ -58,6 +59,12 @@ class RelaySettings(BaseSettings, RelayConfig):
     """RelayConfig read from OUTBOX_<NAME>: what `outbox relay` runs with."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+
+def _size(text: str) -> str:
+    """OUTBOX_MAX_PAYLOAD checked by the producers' own parser (outbox.message)."""
+    parse_size(text)
+    return text
 
 
 def relay_config(**overrides: Any) -> RelayConfig:
@@ -113,12 +120,12 @@ class ServiceSettings(BaseSettings):
             "safe behind a transaction pooler; see BENCHMARKS.md for what it is worth."
         ),
     )
-    max_payload: str = Field(
+    max_payload: Annotated[str, AfterValidator(_size)] = Field(
         default="1MiB",
-        pattern=r"^\d+\s*(|b|B|KiB|kib|MiB|mib)$",
         description=(
             "Largest payload (bytes of JSON, or KiB/MiB) a producer may add; every "
-            "producer path refuses a larger one. Read by producers from their own environment."
+            "producer path refuses a larger one. Read by producers from their own "
+            "environment, once a process."
         ),
     )
     http_host: str = Field(
