@@ -155,13 +155,14 @@ def statements(
     the store, the seconds of each call."""
     from outbox.postgres import PostgresStore
     from outbox.postgres.queries import QUERIES
+    from outbox.postgres.statements import Statements
 
     names = {id(q): name for name, q in QUERIES.items()}
     spent: dict[str, list[float]] = {}
-    fetch, count = PostgresStore._fetch, PostgresStore._count
+    fetch, count = Statements.fetch, Statements.count
 
     def timed(run: Any) -> Any:
-        async def call(self: PostgresStore, query: Any, params: dict[str, Any]) -> Any:
+        async def call(self: Statements, query: Any, params: dict[str, Any]) -> Any:
             started = time.perf_counter()
             try:
                 return await run(self, query, params)
@@ -181,12 +182,12 @@ def statements(
             name = "message_ack_keyed + key_unpark"
             spent.setdefault(name, []).append(time.perf_counter() - started)
 
-    PostgresStore._fetch, PostgresStore._count = timed(fetch), timed(count)  # type: ignore[method-assign]
+    Statements.fetch, Statements.count = timed(fetch), timed(count)  # type: ignore[method-assign]
     PostgresStore._ack_and_unpark = ack_and_unpark  # type: ignore[method-assign]
     try:
         rate = anyio.run(drain, url, keys, interval)
     finally:
-        PostgresStore._fetch, PostgresStore._count = fetch, count  # type: ignore[method-assign]
+        Statements.fetch, Statements.count = fetch, count  # type: ignore[method-assign]
         PostgresStore._ack_and_unpark = pipelined  # type: ignore[method-assign]
     return len(keys) / rate, spent
 

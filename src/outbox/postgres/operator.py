@@ -1,8 +1,8 @@
 """The operator's and the registry's queries of the PostgreSQL store.
 
 Inspecting, requeueing and purging buried messages, blocked keys, the backlog
-count, and the topic registry: a part of PostgresStore (outbox.postgres.store),
-which supplies the pool, the deadlines and the statement helpers.
+count, and the topic registry: an object PostgresStore (outbox.postgres.store)
+holds and offers, running its statements through the store's Statements.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import Any, LiteralString
+from typing import Any
 
-import psycopg_pool
 from psycopg.types.json import Jsonb
 
 from outbox.errors import NotFound
 from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
+from outbox.postgres.statements import Statements
 from outbox.store import (
     BLOCKED_SCAN,
     SWEEP_BATCH,
@@ -49,36 +48,18 @@ BACKLOG_LOCK_KEY = 0x6F7574626F7862  # "outboxb": one relay at a time counts the
 
 
 class OperatorQueries:
-    """The operator's and the registry's half of PostgresStore."""
+    """The operator's and the registry's queries, run through ``statements``
+    (the PostgresStore's, which hands this object out as ``operator``)."""
 
-    pool: psycopg_pool.AsyncConnectionPool
-    deadline: float
-
-    def _translated(
-        self, *, bounded: bool = True, statements: bool = True
-    ) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    def _bounded(self, seconds: float | None = None) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-    async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
-        raise NotImplementedError
-
-    async def _count(self, query: Any, params: dict[str, Any]) -> int:
-        raise NotImplementedError
-
-    async def _in_batches(
-        self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
-    ) -> int:
-        raise NotImplementedError
+    def __init__(self, statements: Statements) -> None:
+        self.statements = statements
 
     async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
         params = {"topic": topic, "limit": limit, "scan": BLOCKED_SCAN}
-        return [BlockedKey(*r) for r in await self._fetch(_KEYS_BLOCKED, params)]
+        return [BlockedKey(*r) for r in await self.statements.fetch(_KEYS_BLOCKED, params)]
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
-        rows = await self._fetch(_GET, {"id": message_id})
+        rows = await self.statements.fetch(_GET, {"id": message_id})
         if not rows:
             raise NotFound(message_id)
         return _stored(rows[0])
@@ -92,7 +73,7 @@ class OperatorQueries:
         now: dt.datetime | None = None,
     ) -> list[StoredMessage]:
         params = {"topic": topic, "within": within, "limit": limit, "now": now}
-        return [_stored(r) for r in await self._fetch(_BURIED_LIST, params)]
+        return [_stored(r) for r in await self.statements.fetch(_BURIED_LIST, params)]
 
     async def requeue(
         self,
@@ -106,7 +87,7 @@ class OperatorQueries:
         params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
         if dry_run:
             return await self._buried_count({**params, "older_than": None})
-        return await self._in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
+        return await self.statements.in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
 
     async def purge_buried(
         self,
@@ -120,10 +101,12 @@ class OperatorQueries:
         params = {"now": now, "older_than": older_than, "topic": topic}
         if dry_run:
             return await self._buried_count({**params, "ids": None})
-        return await self._in_batches(_BURIED_PURGE, {**params, "limit": batch}, unpark=True)
+        return await self.statements.in_batches(
+            _BURIED_PURGE, {**params, "limit": batch}, unpark=True
+        )
 
     async def _buried_count(self, params: dict[str, Any]) -> int:
-        [(n,)] = await self._fetch(_BURIED_COUNT, params)
+        [(n,)] = await self.statements.fetch(_BURIED_COUNT, params)
         return int(n)
 
     async def topic_stats(
@@ -132,13 +115,13 @@ class OperatorQueries:
         measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE
         params = {"scan": BLOCKED_SCAN}
         if max_age is None:
-            rows = await self._fetch(measure, {**params, "keep": False})
+            rows = await self.statements.fetch(measure, {**params, "keep": False})
             return [_measured(r, blocked) for r in rows]
         # Counting a large backlog may take longer than a claim: six deadlines.
         async with (
-            self._translated(bounded=False),
-            self._bounded(6 * self.deadline),
-            self.pool.connection() as conn,
+            self.statements.translated(bounded=False),
+            self.statements.bounded(6 * self.statements.deadline),
+            self.statements.pool.connection() as conn,
             conn.transaction(),
         ):
             cur = await conn.execute(_TRY_LOCK, {"key": BACKLOG_LOCK_KEY})
@@ -155,22 +138,22 @@ class OperatorQueries:
             return [_measured(r, blocked) for r in await cur.fetchall()]
 
     async def topics(self) -> dict[str, TopicSettings]:
-        return {r[0]: TopicSettings(*r) for r in await self._fetch(_TOPIC_LIST, {})}
+        return {r[0]: TopicSettings(*r) for r in await self.statements.fetch(_TOPIC_LIST, {})}
 
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
-        await self._count(_TOPIC_UPSERT, _topic_params(settings, now))
+        await self.statements.count(_TOPIC_UPSERT, _topic_params(settings, now))
 
     async def govern_topic(
         self, settings: TopicSettings, now: dt.datetime | None = None
     ) -> str | None:
         params = {**_topic_params(settings, now), "owner_since": settings.owner_since}
-        rows = await self._fetch(_TOPIC_GOVERN, params)
+        rows = await self.statements.fetch(_TOPIC_GOVERN, params)
         if not rows:  # lost to a writer that committed after this statement began
-            rows = await self._fetch(_TOPIC_HOLDER, {"topic": settings.topic})
+            rows = await self.statements.fetch(_TOPIC_HOLDER, {"topic": settings.topic})
         return rows[0][0] if rows else None
 
     async def delete_topic(self, topic: str) -> bool:
-        return await self._count(_TOPIC_DELETE, {"topic": topic}) > 0
+        return await self.statements.count(_TOPIC_DELETE, {"topic": topic}) > 0
 
 
 def _stored(r: Any) -> StoredMessage:

@@ -8,36 +8,46 @@ change it belongs to. Relays claim, ack, retry and bury through the pool.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import Any, LiteralString
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import psycopg
 import psycopg_pool
 
 from outbox.durations import format_duration
-from outbox.errors import NotFound, StoreUnavailable
+from outbox.errors import NotFound
 from outbox.message import Message
 from outbox.postgres.claims import BY_TOPIC, claim_params
 from outbox.postgres.connection import keepalives
-from outbox.postgres.errors import translate
 from outbox.postgres.operator import OperatorQueries
 from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
+from outbox.postgres.statements import DEADLINE, Statements
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
+    BlockedKey,
     Claimed,
     RelayInfo,
+    StoredMessage,
+    TopicSettings,
+    TopicStats,
     check_claim,
     message_ids,
 )
 
-__all__ = ["BY_TOPIC", "PostgresStore", "claim_params", "connect_pool", "keepalives"]
+__all__ = [
+    "BY_TOPIC",
+    "DEADLINE",
+    "PostgresStore",
+    "claim_params",
+    "connect_pool",
+    "keepalives",
+]
 
 _CLAIM = QUERIES["message_claim"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
@@ -67,17 +77,15 @@ _UNSERVED_NOTE = QUERIES["unserved_note"]
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
 
 
-DEADLINE = 10.0
-"""Longest a store call (each statement of a batched one) may take by default."""
-
-
-class PostgresStore(OperatorQueries):
+class PostgresStore:
     """A Store over a psycopg AsyncConnectionPool.
 
     Every call but ``begin()`` (the application's own transaction) has a
     deadline: a statement the database does not answer within ``deadline``
     seconds (a partition, a stalled server) fails as StoreUnavailable, its
     connection is dropped, and the relay tries again with its backoff.
+    The operator's and the registry's queries are an object of their own,
+    ``operator`` (outbox.postgres.operator); the store offers them too.
     """
 
     def __init__(
@@ -91,47 +99,9 @@ class PostgresStore(OperatorQueries):
         self.listen_url = listen_url
         """Where wakeups() LISTENs; None: the pool's own conninfo."""
         self.deadline = deadline
-
-    @asynccontextmanager
-    async def _bounded(self, seconds: float | None = None) -> AsyncIterator[None]:
-        """At most ``seconds`` (the deadline) seconds, or StoreUnavailable."""
-        seconds = self.deadline if seconds is None else seconds
-        try:
-            with anyio.fail_after(seconds):
-                yield
-        except TimeoutError:
-            raise StoreUnavailable(
-                f"outbox: database unavailable: no answer within {seconds:g}s"
-            ) from None
-
-    @asynccontextmanager
-    async def _translated(
-        self, *, bounded: bool = True, statements: bool = True
-    ) -> AsyncIterator[None]:
-        """Turn 'cannot reach the database' errors into StoreUnavailable, within
-        the deadline unless ``bounded`` is False; with ``statements`` (the store's
-        own, not an application's inside begin()), a missing table or column
-        into SchemaMissing and any other database error into StoreError.
-
-        A lost connection usually means every idle one in the pool is lost
-        too (the server restarted): check them all now, so the next call gets
-        a fresh connection instead of failing once per dead one.
-        """
-        try:
-            if bounded:
-                async with self._bounded():
-                    yield
-            else:
-                yield
-        except psycopg.Error as exc:
-            found = translate(exc)
-            if isinstance(found, StoreUnavailable):
-                with anyio.move_on_after(2):
-                    with suppress(psycopg.Error):
-                        await self.pool.check()
-            elif not statements:
-                raise
-            raise found from exc
+        self.statements = Statements(pool, deadline)
+        self.operator = OperatorQueries(self.statements)
+        """Inspecting, requeueing and purging, the backlog count, the topic registry."""
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -140,7 +110,7 @@ class PostgresStore(OperatorQueries):
         Once committed, relays are woken for the messages added in it.
         """
         async with (
-            self._translated(bounded=False, statements=False),
+            self.statements.translated(bounded=False, statements=False),
             self.pool.connection() as conn,
             transaction(conn),
         ):
@@ -177,7 +147,7 @@ class PostgresStore(OperatorQueries):
             solo=solo,
             max_bytes=max_bytes,
         )
-        rows = await self._fetch(_CLAIM, params)
+        rows = await self.statements.fetch(_CLAIM, params)
         claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
         claimed.orphans = len(rows) - len(claimed)
         room = (limit if room is None else room) - len(claimed)
@@ -197,7 +167,9 @@ class PostgresStore(OperatorQueries):
                 "limit": room,
                 "max_bytes": None if max_bytes is None else max(max_bytes - used, 0),
             }
-            claimed.extend(_claimed(r, token) for r in await self._fetch(_CLAIM_RUN, more))
+            claimed.extend(
+                _claimed(r, token) for r in await self.statements.fetch(_CLAIM_RUN, more)
+            )
         return claimed
 
     async def ack_many(
@@ -212,18 +184,18 @@ class PostgresStore(OperatorQueries):
             return set()
         ids = list(message_ids)
         if not keyed and tokens is None:  # no key among them: the plain DELETE
-            await self._count(_ACK_UNKEYED, {"ids": ids})
+            await self.statements.count(_ACK_UNKEYED, {"ids": ids})
             return set(ids)
         if not keyed and not durable and len(ids) == 1 and (tokens is None or len(tokens) == 1):
             one = {"id": ids[0], "token": None if tokens is None else next(iter(tokens))}
-            return set(ids) if await self._count(_ACK_RUN_ONE, one) else set()
+            return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
         params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
         if not keyed and not durable:
-            return {r[0] for r in await self._fetch(_ACK_RUN, params)}
+            return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
         if keyed:
             kept = await self._ack_and_unpark(params)
         else:  # the caller holds the next message of each key: nothing to unpark
-            [(kept, _)] = await self._fetch(_ACK_KEYED, params)
+            [(kept, _)] = await self.statements.fetch(_ACK_KEYED, params)
         removed = set(ids)
         removed.difference_update(kept)
         return removed
@@ -231,19 +203,13 @@ class PostgresStore(OperatorQueries):
     async def _ack_and_unpark(self, params: dict[str, Any]) -> list[uuid.UUID]:
         """message_ack_keyed, then key_unpark of the keys it removed: one
         transaction, one round trip. Returns the ids not removed."""
-        async with self._translated(), self.pool.connection() as conn:
+        async with self.statements.translated(), self.pool.connection() as conn:
             async with conn.pipeline():
                 cur = await conn.execute(_ACK_KEYED, params)
                 await conn.execute(_KEY_UNPARK, {"pairs": None})
             [(kept, _)] = await cur.fetchall()
         ids: list[uuid.UUID] = kept  # psycopg's list of the uuid[] column
         return ids
-
-    async def _unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
-        """Unpark the next message of each key whose head just left (key_unpark)."""
-        pairs = _pairs((t, k) for t, k in gone if k is not None)
-        if pairs is not None:
-            await self._count(_KEY_UNPARK, {"pairs": pairs})
 
     async def retry_many(
         self,
@@ -262,7 +228,7 @@ class PostgresStore(OperatorQueries):
             "reasons": [r for _, _, r in items],
             "counted": [m.id not in uncounted for m, _, _ in items],
         }
-        return {r[0] for r in await self._fetch(_RETRY_MANY, params)}
+        return {r[0] for r in await self.statements.fetch(_RETRY_MANY, params)}
 
     async def bury_many(
         self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
@@ -275,8 +241,10 @@ class PostgresStore(OperatorQueries):
             "tokens": [m.lease for m, _ in items],
             "reasons": [r for _, r in items],
         }
-        rows = await self._fetch(_BURY_MANY, params)
-        await self._unpark((r[1], r[2]) for r in rows)  # where the topic skips buried heads
+        rows = await self.statements.fetch(_BURY_MANY, params)
+        await self.statements.unpark(
+            (r[1], r[2]) for r in rows
+        )  # where the topic skips buried heads
         return {r[0] for r in rows}
 
     async def release(
@@ -286,7 +254,10 @@ class PostgresStore(OperatorQueries):
             return set()
         ids, tokens = message_ids(messages)
         return {
-            r[0] for r in await self._fetch(_RELEASE, {"ids": ids, "tokens": tokens, "now": now})
+            r[0]
+            for r in await self.statements.fetch(
+                _RELEASE, {"ids": ids, "tokens": tokens, "now": now}
+            )
         }
 
     async def ack(self, message_id: uuid.UUID) -> None:
@@ -295,17 +266,82 @@ class PostgresStore(OperatorQueries):
             raise NotFound(message_id)
 
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
-        params = {"id": message_id, "at": at, "reason": reason}
-        return await self._change_one(_RETRY, params)
+        await self.statements.change_one(_RETRY, {"id": message_id, "at": at, "reason": reason})
+        return True
 
     async def bury(
         self, message_id: uuid.UUID, reason: str, *, at: dt.datetime | None = None
     ) -> bool:
-        rows = await self._fetch(_BURY, {"id": message_id, "at": at, "reason": reason})
+        rows = await self.statements.fetch(_BURY, {"id": message_id, "at": at, "reason": reason})
         if not rows:
             raise NotFound(message_id)
-        await self._unpark(rows)  # where its topic skips buried heads
+        await self.statements.unpark(rows)  # where its topic skips buried heads
         return True
+
+    # -- the operator's and the registry's queries (self.operator) ---------------
+
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        return await self.operator.keys_blocked(topic=topic, limit=limit)
+
+    async def get(self, message_id: uuid.UUID) -> StoredMessage:
+        return await self.operator.get(message_id)
+
+    async def list_buried(
+        self,
+        *,
+        topic: str | None = None,
+        within: dt.timedelta | None = None,
+        limit: int = 100,
+        now: dt.datetime | None = None,
+    ) -> list[StoredMessage]:
+        return await self.operator.list_buried(topic=topic, within=within, limit=limit, now=now)
+
+    async def requeue(
+        self,
+        *,
+        ids: Sequence[uuid.UUID] | None = None,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        return await self.operator.requeue(
+            ids=ids, topic=topic, dry_run=dry_run, now=now, batch=batch
+        )
+
+    async def purge_buried(
+        self,
+        older_than: dt.timedelta,
+        *,
+        topic: str | None = None,
+        dry_run: bool = False,
+        now: dt.datetime | None = None,
+        batch: int = SWEEP_BATCH,
+    ) -> int:
+        return await self.operator.purge_buried(
+            older_than, topic=topic, dry_run=dry_run, now=now, batch=batch
+        )
+
+    async def topic_stats(
+        self, *, max_age: dt.timedelta | None = None, blocked: bool = True
+    ) -> list[TopicStats]:
+        return await self.operator.topic_stats(max_age=max_age, blocked=blocked)
+
+    async def topics(self) -> dict[str, TopicSettings]:
+        return await self.operator.topics()
+
+    async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
+        await self.operator.set_topic(settings, now)
+
+    async def govern_topic(
+        self, settings: TopicSettings, now: dt.datetime | None = None
+    ) -> str | None:
+        return await self.operator.govern_topic(settings, now)
+
+    async def delete_topic(self, topic: str) -> bool:
+        return await self.operator.delete_topic(topic)
+
+    # -- the fleet -----------------------------------------------------------------
 
     async def register_relay(
         self, relay: RelayInfo, ttl: dt.timedelta, *, now: dt.datetime | None = None
@@ -321,15 +357,15 @@ class PostgresStore(OperatorQueries):
             "ttl": ttl,
             "now": now,
         }
-        [(seen,)] = await self._fetch(_RELAY_REGISTER, params)
+        [(seen,)] = await self.statements.fetch(_RELAY_REGISTER, params)
         at: dt.datetime = seen
         return at
 
     async def unregister_relay(self, relay_id: uuid.UUID) -> None:
-        await self._count(_RELAY_UNREGISTER, {"id": relay_id})
+        await self.statements.count(_RELAY_UNREGISTER, {"id": relay_id})
 
     async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
-        return [_relay(r) for r in await self._fetch(_RELAY_LIST, {"now": now})]
+        return [_relay(r) for r in await self.statements.fetch(_RELAY_LIST, {"now": now})]
 
     async def wakeups(self, wake: Callable[[frozenset[str] | None], None]) -> None:
         # LISTEN needs a session of its own, outside the pool.
@@ -350,8 +386,8 @@ class PostgresStore(OperatorQueries):
         budget: int = SWEEP_BUDGET,
     ) -> dict[str, int]:
         why = f" (no live relay served it for {format_duration(grace)})"
-        async with self._translated(bounded=False), self.pool.connection() as conn:
-            async with self._bounded(), conn.transaction():
+        async with self.statements.translated(bounded=False), self.pool.connection() as conn:
+            async with self.statements.bounded(), conn.transaction():
                 cur = await conn.execute(_TRY_LOCK, {"key": _SWEEP_LOCK_KEY})
                 row = await cur.fetchone()
                 if not row or not row[0]:
@@ -368,7 +404,7 @@ class PostgresStore(OperatorQueries):
             params = {"now": now, "grace": grace, "why": why}
             left = budget
             while left > 0:
-                async with self._bounded(), conn.transaction():
+                async with self.statements.bounded(), conn.transaction():
                     cur = await conn.execute(_UNSERVED_BURY, {**params, "limit": min(batch, left)})
                     counts = await cur.fetchall()
                 n = sum(c for _, c in counts)
@@ -378,47 +414,6 @@ class PostgresStore(OperatorQueries):
                 if n < batch:
                     break
         return dict(sorted(buried.items()))
-
-    async def _in_batches(
-        self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
-    ) -> int:
-        """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch;
-        with ``unpark``, each batch's (topic, key) rows go to key_unpark after it."""
-        done = 0
-        async with self._translated(bounded=False), self.pool.connection() as conn:
-            while True:
-                async with self._bounded(), conn.transaction():
-                    cur = await conn.execute(query, params)
-                    gone = await cur.fetchall() if unpark else []
-                if gone:
-                    await self._unpark(gone)
-                done += cur.rowcount
-                if cur.rowcount < params["limit"]:
-                    return done
-
-    async def _fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
-        async with self._translated(), self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall()
-
-    async def _count(self, query: Any, params: dict[str, Any]) -> int:
-        async with self._translated(), self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return cur.rowcount
-
-    async def _change_one(self, query: Any, params: dict[str, Any]) -> bool:
-        async with self._translated(), self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            if cur.rowcount == 0:
-                raise NotFound(params["id"])
-            return True
-
-
-def _pairs(keys: Iterable[tuple[str, str]]) -> str | None:
-    """key_unpark's parameter: the distinct (topic, key) pairs as a JSON array,
-    sorted (concurrent unparks lock rows in one order); None for none."""
-    pairs = sorted(set(keys))
-    return json.dumps(pairs, separators=(",", ":")) if pairs else None
 
 
 def _relay(r: Any) -> RelayInfo:

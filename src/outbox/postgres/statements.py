@@ -1,0 +1,128 @@
+"""How the PostgreSQL store runs its statements: through the pool, within a deadline,
+with driver errors translated, bulk writes in committed batches.
+
+One object that the store and its operator queries (outbox.postgres.operator)
+both hold, so each of them reads as the statements it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
+from typing import Any, LiteralString
+
+import anyio
+import psycopg
+import psycopg_pool
+
+from outbox.errors import NotFound, StoreUnavailable
+from outbox.postgres.errors import translate
+from outbox.postgres.queries import QUERIES
+
+__all__ = ["DEADLINE", "Statements"]
+
+DEADLINE = 10.0
+"""Longest a store call (each statement of a batched one) may take by default."""
+
+_KEY_UNPARK = QUERIES["key_unpark"]
+
+
+class Statements:
+    """Runs the store's statements on ``pool``, each within ``deadline`` seconds.
+
+    A statement the database does not answer in time (a partition, a stalled
+    server) fails as StoreUnavailable and its connection is dropped.
+    """
+
+    def __init__(self, pool: psycopg_pool.AsyncConnectionPool, deadline: float = DEADLINE):
+        self.pool = pool
+        self.deadline = deadline
+
+    @asynccontextmanager
+    async def bounded(self, seconds: float | None = None) -> AsyncIterator[None]:
+        """At most ``seconds`` (the deadline) seconds, or StoreUnavailable."""
+        seconds = self.deadline if seconds is None else seconds
+        try:
+            with anyio.fail_after(seconds):
+                yield
+        except TimeoutError:
+            raise StoreUnavailable(
+                f"outbox: database unavailable: no answer within {seconds:g}s"
+            ) from None
+
+    @asynccontextmanager
+    async def translated(
+        self, *, bounded: bool = True, statements: bool = True
+    ) -> AsyncIterator[None]:
+        """Turn 'cannot reach the database' errors into StoreUnavailable, within
+        the deadline unless ``bounded`` is False; with ``statements`` (the store's
+        own, not an application's inside begin()), a missing table or column
+        into SchemaMissing and any other database error into StoreError.
+
+        A lost connection usually means every idle one in the pool is lost
+        too (the server restarted): check them all now, so the next call gets
+        a fresh connection instead of failing once per dead one.
+        """
+        try:
+            if bounded:
+                async with self.bounded():
+                    yield
+            else:
+                yield
+        except psycopg.Error as exc:
+            found = translate(exc)
+            if isinstance(found, StoreUnavailable):
+                with anyio.move_on_after(2):
+                    with suppress(psycopg.Error):
+                        await self.pool.check()
+            elif not statements:
+                raise
+            raise found from exc
+
+    async def fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
+        """The rows of ``query``."""
+        async with self.translated(), self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+    async def count(self, query: Any, params: dict[str, Any]) -> int:
+        """How many rows ``query`` changed."""
+        async with self.translated(), self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return cur.rowcount
+
+    async def change_one(self, query: Any, params: dict[str, Any]) -> None:
+        """Run ``query`` on the message ``params["id"]``; NotFound if it changed none."""
+        if await self.count(query, params) == 0:
+            raise NotFound(params["id"])
+
+    async def unpark(self, gone: Iterable[tuple[str, str | None]]) -> None:
+        """Unpark the next message of each key whose head just left (key_unpark)."""
+        pairs = _pairs((t, k) for t, k in gone if k is not None)
+        if pairs is not None:
+            await self.count(_KEY_UNPARK, {"pairs": pairs})
+
+    async def in_batches(
+        self, query: LiteralString, params: dict[str, Any], *, unpark: bool = False
+    ) -> int:
+        """Run ``query`` until it changes fewer than ``limit`` rows, a commit a batch;
+        with ``unpark``, each batch's (topic, key) rows go to key_unpark after it."""
+        done = 0
+        async with self.translated(bounded=False), self.pool.connection() as conn:
+            while True:
+                async with self.bounded(), conn.transaction():
+                    cur = await conn.execute(query, params)
+                    gone = await cur.fetchall() if unpark else []
+                if gone:
+                    await self.unpark(gone)
+                done += cur.rowcount
+                if cur.rowcount < params["limit"]:
+                    return done
+
+
+def _pairs(keys: Iterable[tuple[str, str]]) -> str | None:
+    """key_unpark's parameter: the distinct (topic, key) pairs as a JSON array,
+    sorted (concurrent unparks lock rows in one order); None for none."""
+    pairs = sorted(set(keys))
+    return json.dumps(pairs, separators=(",", ":")) if pairs else None
