@@ -21,11 +21,12 @@ from typing import Any
 
 from outbox.durations import format_duration
 from outbox.errors import NotFound
-from outbox.memory_keys import MemoryKeys, _Row
+from outbox.memory_keys import KeyOrder, Row
 from outbox.message import Message, check_message, validate_topic
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
+    BlockedKey,
     Claimed,
     RelayInfo,
     StoredMessage,
@@ -59,13 +60,15 @@ class MemoryTx:
         self.open = True
 
 
-class MemoryStore(MemoryKeys):
+class MemoryStore:
     """A Store that keeps messages in a dict; ``clock`` is its time."""
 
     def __init__(self, clock: Callable[[], dt.datetime] | None = None) -> None:
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
-        self._rows: dict[uuid.UUID, _Row] = {}
+        self._rows: dict[uuid.UUID, Row] = {}
         self._topics: dict[str, TopicSettings] = {}
+        self._keys = KeyOrder(self._rows, self._topics)
+        """Which message of a key may go (reads the same rows and registry)."""
         self._relays: dict[uuid.UUID, RelayInfo] = {}
         self._unserved: dict[str, dt.datetime] = {}
         self._seq = 0
@@ -84,7 +87,7 @@ class MemoryStore(MemoryKeys):
             raise ValueError("outbox: a message with this id is already stored")
         for m in tx.pending:
             self._seq += 1
-            self._rows[m.id] = _Row(m, due_at=m.deliver_at or m.created_at, seq=self._seq)
+            self._rows[m.id] = Row(m, due_at=m.deliver_at or m.created_at, seq=self._seq)
 
     async def add(self, tx: MemoryTx, /, *msgs: Message) -> None:
         if tx.store is not self:
@@ -122,7 +125,7 @@ class MemoryStore(MemoryKeys):
                 and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
-                and self._heads(r, now)
+                and self._keys.heads(r, now)
             ),
             key=lambda r: (r.due_at, r.message.id),
         )
@@ -159,7 +162,9 @@ class MemoryStore(MemoryKeys):
             row.token, row.solo = token, solo
             claimed.append(row.message)
         if run > 0 and not solo:
-            self._run(claimed, run, limit if room is None else room, max_bytes, now, until, token)
+            self._keys.run(
+                claimed, run, limit if room is None else room, max_bytes, now, until, token
+            )
         return claimed
 
     async def ack_many(
@@ -382,6 +387,9 @@ class MemoryStore(MemoryKeys):
             out.append(TopicStats(topic, pending, buried, oldest, n, since))
         return out
 
+    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        return self._keys.blocked(topic=topic, limit=limit)
+
     async def topics(self) -> dict[str, TopicSettings]:
         return dict(self._topics)
 
@@ -404,7 +412,7 @@ class MemoryStore(MemoryKeys):
     async def delete_topic(self, topic: str) -> bool:
         return self._topics.pop(topic, None) is not None
 
-    def _buried(self, ids: Sequence[uuid.UUID] | None, topic: str | None) -> list[_Row]:
+    def _buried(self, ids: Sequence[uuid.UUID] | None, topic: str | None) -> list[Row]:
         wanted = None if ids is None else set(ids)
         return [
             r
@@ -415,18 +423,18 @@ class MemoryStore(MemoryKeys):
         ]
 
     @staticmethod
-    def _due(r: _Row, now: dt.datetime) -> bool:
+    def _due(r: Row, now: dt.datetime) -> bool:
         leased = r.leased_until is not None and r.leased_until > now
         return r.buried_at is None and r.due_at <= now and not leased
 
-    def _held(self, m: Message) -> _Row | None:
+    def _held(self, m: Message) -> Row | None:
         """``m``'s row while the lease ``m`` carries still holds it."""
         row = self._rows.get(m.id)
         if row is None or row.buried_at is not None or row.token != m.lease:
             return None
         return row
 
-    def _row(self, message_id: uuid.UUID) -> _Row:
+    def _row(self, message_id: uuid.UUID) -> Row:
         try:
             return self._rows[message_id]
         except KeyError:

@@ -1,4 +1,9 @@
-"""The memory store's ordering per key: heads, runs, blocked keys (a part of MemoryStore)."""
+"""The memory store's rows and its ordering per key: heads, runs, blocked keys.
+
+KeyOrder is a component MemoryStore (outbox.memory) holds: it reads the
+store's rows and topic registry (the same dicts) and decides, at each claim,
+which message of a key may go, as PostgresStore's parking does.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,11 @@ import uuid
 from outbox.message import Message
 from outbox.store import BlockedKey, Claimed, StoredMessage, TopicSettings
 
-__all__ = ["MemoryKeys"]
+__all__ = ["KeyOrder", "Row"]
 
 
 @dataclasses.dataclass(slots=True)
-class _Row:
+class Row:
     message: Message
     due_at: dt.datetime
     leased_until: dt.datetime | None = None
@@ -38,13 +43,14 @@ class _Row:
         )
 
 
-class MemoryKeys:
-    """What MemoryStore (outbox.memory) does for messages that share a key."""
+class KeyOrder:
+    """Ordering per key over ``rows`` (by id) and the topic registry ``topics``."""
 
-    _rows: dict[uuid.UUID, _Row]
-    _topics: dict[str, TopicSettings]
+    def __init__(self, rows: dict[uuid.UUID, Row], topics: dict[str, TopicSettings]) -> None:
+        self._rows = rows
+        self._topics = topics
 
-    def _heads(self, r: _Row, now: dt.datetime) -> bool:
+    def heads(self, r: Row, now: dt.datetime) -> bool:
         """Whether no earlier message of ``r``'s key is still to deliver (none
         unacked, or buried where the topic does not skip buried messages), and
         no later one is in flight."""
@@ -64,7 +70,7 @@ class MemoryKeys:
             for o in self._rows.values()
         )
 
-    def _run(
+    def run(
         self,
         claimed: Claimed,
         run: int,
@@ -102,8 +108,8 @@ class MemoryKeys:
                 room -= 1
                 size += len(row.message.payload)
 
-    async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
-        keys: dict[tuple[str, str], list[_Row]] = {}
+    def blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
+        keys: dict[tuple[str, str], list[Row]] = {}
         for r in sorted(self._rows.values(), key=lambda r: r.seq):
             m = r.message
             if m.key is not None and (topic is None or m.topic == topic):
@@ -129,6 +135,6 @@ class MemoryKeys:
         return entry is not None and entry.on_buried == "skip"
 
     @staticmethod
-    def _waits(r: _Row) -> bool:
+    def _waits(r: Row) -> bool:
         """Whether ``r`` waits for its key (not buried, not in flight)."""
         return r.buried_at is None and r.leased_until is None
