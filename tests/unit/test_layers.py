@@ -78,7 +78,7 @@ CORE_THIRD_PARTY = {"psycopg", "uuid_utils"}
 # relay extra); outbox.postgres loads it only when asked for.
 EXTRA_THIRD_PARTY = {
     "postgres/store.py": {"anyio", "psycopg_pool"},
-    "postgres/operator.py": {"psycopg_pool"},  # a part of the store
+    "postgres/statements.py": {"anyio", "psycopg_pool"},  # how the store runs statements
     "postgres/pool.py": {"psycopg_pool"},
     "postgres/listen.py": {"anyio"},  # a relay's, loaded by the relay process only
 }

@@ -39,7 +39,7 @@ from outbox.relay.backlog import Backlog
 from outbox.relay.config import CLAIM_WAIT, KEY_RUN, STORE_WAIT, RelayConfig
 from outbox.relay.deliver import Deliveries
 from outbox.relay.fleet import Fleet
-from outbox.relay.housekeeping import Housekeeping
+from outbox.relay.housekeeping import Housekeeper
 from outbox.relay.inflight import InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
@@ -63,7 +63,7 @@ _HAND_BACK_GRACE = 2.0
 _HOUSEKEEPING_GRACE = 1.0
 
 
-class Relay(Housekeeping):
+class Relay:
     """Delivers due messages from ``store`` to the handler for each topic.
 
     ``clock`` None (production): the store's time (the database's ``now()``)
@@ -92,8 +92,8 @@ class Relay(Housekeeping):
         for topic in handlers:
             validate_topic(topic)
         self.store = store
-        # model_validate skips the environment: RelayConfig's defaults unless
-        # the caller loaded one (outbox.service.settings.load(RelayConfig)).
+        # RelayConfig's defaults unless the caller passes one (the process
+        # reads the environment's with outbox.service.settings.relay_config()).
         self.config = cfg = config if config is not None else RelayConfig.model_validate({})
         self.clock = clock
         self.listen = listen
@@ -122,19 +122,24 @@ class Relay(Housekeeping):
         self.slots = cfg.slots
         self._claim_size = cfg.batch
         self._lease = cfg.lease.total_seconds()
-        self.housekeeping_failing = True
-        """Whether the last registry read, registration or sweep failed (True until
-        the first succeeds: a relay the fleet cannot see yet is not ready)."""
+        self.housekeeper = Housekeeper(
+            store,
+            self.router,
+            self.fleet,
+            self.metrics,
+            cfg,
+            clock=self._local,
+            stopping=lambda: self._stopping,
+            wait=self._sleep,
+            signal=held.signal,
+        )
+        """The registry, this relay's row in the fleet and the sweep, each when due."""
         self._orphans = False
-        self._housekeeping_done = False
         self._stopping = False
         self._wake: anyio.Event | None = None
         self._nudged = False
         self._nap: anyio.Event | None = None
         self._report_by = math.inf
-        self._routes_at: dt.datetime | None = None
-        self._beat_at: dt.datetime | None = None
-        self._sweep_at: dt.datetime | None = None
         self._woke_at = 0.0
         """When (monotonic) an idle relay last claimed for a wake-up."""
 
@@ -173,6 +178,20 @@ class Relay(Housekeeping):
             self._nap.set()
 
     @property
+    def housekeeping_failing(self) -> bool:
+        """Whether the last registry read, registration or sweep failed (True until
+        the first succeeds: a relay the fleet cannot see yet is not ready)."""
+        return self.housekeeper.failing
+
+    async def housekeep(self, *, force: bool = False) -> None:
+        """Read the registry, refresh this relay's registration and sweep, as each is due."""
+        await self.housekeeper.once(force=force)
+
+    async def refresh_topics(self) -> None:
+        """Read the topic registry now (housekeeping does it at most once an interval)."""
+        await self.housekeeper.refresh_topics()
+
+    @property
     def stopping(self) -> bool:
         """Whether stop() was called."""
         return self._stopping
@@ -202,7 +221,7 @@ class Relay(Housekeeping):
 
         Returns how many messages were claimed.
         """
-        await self.housekeep()
+        await self.housekeeper.once()
         claimed = await self._claim(min(self.config.batch, self.slots))
         async with anyio.create_task_group() as tg:
             await self.deliveries.start(claimed, tg)
@@ -248,14 +267,14 @@ class Relay(Housekeeping):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.settler.run)
                 housekeeping = anyio.CancelScope()
-                tg.start_soon(self._housekeeping, housekeeping)
+                tg.start_soon(self.housekeeper.run, housekeeping)
                 await self._feed(tg)
                 await self._held.until(lambda: self.deliveries.workers == 0)
                 self.settler.close()  # its run() returns once it wrote what is queued
                 # Housekeeping ends at its next wait; one stuck waiting for an
                 # unreachable store is not worth the shutdown's time.
                 with anyio.move_on_after(_HOUSEKEEPING_GRACE):
-                    await self._held.until(lambda: self._housekeeping_done)
+                    await self._held.until(lambda: self.housekeeper.done)
                 housekeeping.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_HAND_BACK_GRACE):
@@ -325,13 +344,13 @@ class Relay(Housekeeping):
 
     async def _feed_once(self, tg: anyio.abc.TaskGroup) -> bool:
         """One step of the feeder; True when nothing more is due now."""
-        if self._routes_at is None:  # never claim before the registry was read
+        if not self.housekeeper.routed:  # never claim before the registry was read
             try:
-                await self.housekeep()
+                await self.housekeeper.once()
             except StoreUnavailable:
                 raise
             except Exception:
-                if self._routes_at is None:
+                if not self.housekeeper.routed:
                     raise
                 # The registry was read; registering or sweeping failed, which
                 # the housekeeping task reports (once) and retries.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -16,39 +17,62 @@ from outbox.clock import Clock
 from outbox.errors import StoreUnavailable, first_line
 from outbox.relay.config import RelayConfig
 from outbox.relay.fleet import Fleet
-from outbox.relay.inflight import InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Router
 from outbox.store import RelayStore
 
-__all__ = ["Housekeeping"]
+__all__ = ["Housekeeper"]
 
 log = logging.getLogger("outbox.relay")
 
 
-class Housekeeping:
-    """The housekeeping half of Relay (outbox.relay.core), which sets these up."""
+class Housekeeper:
+    """Reads the registry into ``router``, keeps ``fleet``'s registration and sweeps,
+    each when due by ``clock``; ``run`` does it every interval until ``stopping()``.
 
-    store: RelayStore
-    config: RelayConfig
-    router: Router
-    metrics: RelayMetrics
-    fleet: Fleet
-    _held: InFlight
-    housekeeping_failing: bool
-    _routes_at: dt.datetime | None
-    _beat_at: dt.datetime | None
-    _sweep_at: dt.datetime | None
-    _stopping: bool
-    _housekeeping_done: bool
-    _local: Clock
+    ``wait(seconds)`` is the relay's wait between rounds (it returns early when
+    the relay stops); ``signal()`` tells the relay's waiters that housekeeping ended.
+    """
 
-    async def _sleep(self, seconds: float, slack: float | None = None) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        store: RelayStore,
+        router: Router,
+        fleet: Fleet,
+        metrics: RelayMetrics,
+        config: RelayConfig,
+        *,
+        clock: Clock,
+        stopping: Callable[[], bool],
+        wait: Callable[[float], Awaitable[None]],
+        signal: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.fleet = fleet
+        self.metrics = metrics
+        self.config = config
+        self.clock = clock
+        self._stopping = stopping
+        self._wait = wait
+        self._signal = signal
+        self.failing = True
+        """Whether the last registry read, registration or sweep failed (True until
+        the first succeeds: a relay the fleet cannot see yet is not ready)."""
+        self.done = False
+        """Whether run() has ended."""
+        self._routes_at: dt.datetime | None = None
+        self._beat_at: dt.datetime | None = None
+        self._sweep_at: dt.datetime | None = None
 
-    async def housekeep(self, *, force: bool = False) -> None:
+    @property
+    def routed(self) -> bool:
+        """Whether the registry was read at least once (no claim goes before it)."""
+        return self._routes_at is not None
+
+    async def once(self, *, force: bool = False) -> None:
         """Read the registry, refresh this relay's registration and sweep, as each is due."""
-        now = self._local()
+        now = self.clock()
         if force or self._routes_at is None or now >= self._routes_at:
             await self.refresh_topics()
         if force or self._beat_at is None or now >= self._beat_at:
@@ -59,31 +83,31 @@ class Housekeeping:
             self._sweep_at = now + self.fleet.sweep_every
 
     async def refresh_topics(self) -> None:
-        """Read the topic registry now (housekeeping does it at most once an interval)."""
+        """Read the topic registry now (once() does it at most once an interval)."""
         entries = await self.store.topics()
         self.router.update(entries)
-        self._routes_at = self._local() + self.config.interval
+        self._routes_at = self.clock() + self.config.interval
         # Labels are the topics this relay serves or the registry names; what
         # producers invent beyond them counts under one label.
         self.metrics.label_topics(self.router.served | entries.keys())
 
-    async def _housekeeping(self, scope: anyio.CancelScope) -> None:
+    async def run(self, scope: anyio.CancelScope) -> None:
         """Registry, registration and sweep, every interval, apart from claiming."""
         with scope:
             try:
-                await self._housekeep_until_stopped()
+                await self._until_stopped()
             finally:
-                self._housekeeping_done = True
-                self._held.signal()
+                self.done = True
+                self._signal()
 
-    async def _housekeep_until_stopped(self) -> None:
+    async def _until_stopped(self) -> None:
         interval = self.config.interval.total_seconds()
         told: str | None = None
-        while not self._stopping:
+        while not self._stopping():
             try:
-                await self.housekeep()
+                await self.once()
             except Exception as exc:
-                self.housekeeping_failing = True
+                self.failing = True
                 if isinstance(exc, StoreUnavailable):
                     self.metrics.database_up.set(0)
                     log.debug("housekeeping failed: %s", exc)  # the feeder says it once
@@ -100,8 +124,8 @@ class Housekeeping:
                     else:
                         log.debug("housekeeping failed again: %s", said)
             else:
-                if self.housekeeping_failing and told is not None:
+                if self.failing and told is not None:
                     log.info("housekeeping works again")
-                self.housekeeping_failing = False
+                self.failing = False
                 told = None
-            await self._sleep(interval)
+            await self._wait(interval)
