@@ -239,7 +239,8 @@ class MemoryStore:
     async def ack(self, message_id: uuid.UUID) -> None:
         # A key's next message needs no unparking here: heads are worked out
         # at each claim.
-        del self._rows[self._row(message_id).message.id]
+        self._row(message_id)  # NotFound if it is not there
+        del self._rows[message_id]
 
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
         row = self._row(message_id)
