@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,16 +23,15 @@ from outbox.durations import format_duration
 from outbox.errors import NotFound
 from outbox.memory_keys import KeyOrder, Row
 from outbox.message import Message, check_message, validate_topic
+from outbox.requests import Claimed, ClaimRequest, Orphans, Outcome, Settled, Sorted
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
     BlockedKey,
-    Claimed,
     RelayInfo,
     StoredMessage,
     TopicSettings,
     TopicStats,
-    check_claim,
     message_ids,
 )
 
@@ -99,23 +98,15 @@ class MemoryStore:
         tx.pending.extend(msgs)
 
     async def claim(
-        self,
-        now: dt.datetime | None,
-        lease: dt.timedelta,
-        limit: int,
-        *,
-        topics: Collection[str] | None = None,
-        caps: Mapping[str, int] | None = None,
-        isolate: bool = False,
-        solo: bool = False,
-        max_bytes: int | None = None,
-        run: int = 0,
-        room: int | None = None,
-    ) -> Claimed:
-        check_claim(lease, limit)
-        now = now or self.clock()
+        self, now: dt.datetime | None, lease: dt.timedelta, limit: int
+    ) -> list[Message]:
+        return (await self.claim_many(ClaimRequest(limit=limit, lease=lease, now=now))).messages
+
+    async def claim_many(self, request: ClaimRequest) -> Claimed:
+        now = request.now or self.clock()
+        topics, solo = request.topics, request.orphans is Orphans.ONLY
         free = None if topics is None else set(topics)
-        left = {t: n for t, n in (caps or {}).items() if n > 0}
+        left = {t: n for t, n in request.caps.items() if n > 0}
         due = sorted(
             (
                 r
@@ -137,21 +128,21 @@ class MemoryStore:
                     continue
                 left[topic] -= 1
             candidates.append(row)
-            if len(candidates) == limit:
+            if len(candidates) == request.limit:
                 break
         picked, size = [], 0
         for row in candidates:
-            if max_bytes is not None and size >= max_bytes:
+            if request.max_bytes is not None and size >= request.max_bytes:
                 break
             picked.append(row)
             size += len(row.message.payload)
         token = uuid.uuid4()
-        until = now + lease
+        until = now + request.lease
         claimed = Claimed()
         behind_orphan = False
         for row in picked:
             orphan = row.leased_until is not None
-            if isolate and not solo and (orphan or behind_orphan):
+            if request.orphans is Orphans.LEAVE and (orphan or behind_orphan):
                 claimed.orphans += 1  # nothing behind an orphan goes before it
                 behind_orphan = True
                 continue
@@ -160,12 +151,32 @@ class MemoryStore:
             row.message = dataclasses.replace(row.message, attempts=attempts, lease=token)
             row.leased_until = until  # due_at stays: the message keeps its place in line
             row.token, row.solo = token, solo
-            claimed.append(row.message)
-        if run > 0 and not solo:
+            claimed.messages.append(row.message)
+        if request.run > 0 and not solo:
+            room = request.limit if request.room is None else request.room
             self._keys.run(
-                claimed, run, limit if room is None else room, max_bytes, now, until, token
+                claimed.messages, request.run, room, request.max_bytes, now, until, token
             )
         return claimed
+
+    async def settle(
+        self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
+    ) -> Settled:
+        by = Sorted.of(outcomes)
+        settled = Settled()
+        for a in by.acks:  # unkeyed: whoever holds it; keyed: under its lease
+            row = self._rows.get(a.message.id)
+            if row is not None and (a.message.key is None or row.token == a.message.lease):
+                del self._rows[a.message.id]
+                settled.acked.add(a.message.id)
+        settled.retried = await self.retry_many(
+            [(r.message, r.delay, r.reason) for r in by.retries],
+            now=now,
+            uncounted={r.message.id for r in by.retries if not r.counted},
+        )
+        settled.buried = await self.bury_many([(b.message, b.reason) for b in by.burials], now=now)
+        settled.released = await self.release([r.message for r in by.releases], now)
+        return settled
 
     async def ack_many(
         self,

@@ -12,7 +12,7 @@ import datetime as dt
 import uuid
 
 from outbox.message import Message
-from outbox.store import BlockedKey, Claimed, StoredMessage, TopicSettings
+from outbox.store import BlockedKey, StoredMessage, TopicSettings
 
 __all__ = ["KeyOrder", "Row"]
 
@@ -72,7 +72,7 @@ class KeyOrder:
 
     def run(
         self,
-        claimed: Claimed,
+        claimed: list[Message],
         run: int,
         limit: int,
         max_bytes: int | None,
@@ -80,7 +80,7 @@ class KeyOrder:
         until: dt.datetime,
         token: uuid.UUID,
     ) -> None:
-        """Lease the next messages of each claimed key head (see Store.claim's ``run``)."""
+        """Lease the next messages of each claimed key head (see ClaimRequest.run)."""
         room = limit - len(claimed)
         size = sum(len(m.payload) for m in claimed)
         for head in [m for m in claimed if m.key is not None]:

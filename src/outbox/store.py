@@ -21,12 +21,24 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 from outbox.keys import BLOCKED_SCAN, BlockedKey
 from outbox.message import Message
 from outbox.records import RelayInfo, StoredMessage, TopicSettings, TopicStats
+from outbox.requests import (
+    Acked,
+    Buried,
+    Claimed,
+    ClaimRequest,
+    Orphans,
+    Outcome,
+    Released,
+    Retried,
+    Settled,
+    check_claim,
+)
 from outbox.uow import UnitOfWork
 
 SWEEP_BATCH = 5_000
@@ -39,13 +51,21 @@ __all__ = [
     "BLOCKED_SCAN",
     "SWEEP_BATCH",
     "SWEEP_BUDGET",
+    "Acked",
     "BlockedKey",
+    "Buried",
+    "ClaimRequest",
     "Claimed",
     "Operator",
+    "Orphans",
+    "Outcome",
     "Producer",
     "Registry",
     "RelayInfo",
     "RelayStore",
+    "Released",
+    "Retried",
+    "Settled",
     "Store",
     "StoredMessage",
     "TopicSettings",
@@ -56,17 +76,6 @@ __all__ = [
 
 Tx = TypeVar("Tx")
 Tx_contra = TypeVar("Tx_contra", contravariant=True)
-
-
-class Claimed(list[Message]):
-    """What one claim leased, plus how many orphans it left for a solo claim.
-
-    An orphan is a due message whose earlier lease ran out unsettled. An
-    isolating claim leaves orphans alone (``orphans`` counts those it passed)
-    so the relay can deliver each on its own.
-    """
-
-    orphans: int = 0
 
 
 class Producer(Protocol[Tx_contra]):
@@ -86,34 +95,32 @@ class RelayStore(Protocol):
         ...
 
     async def claim(
-        self,
-        now: dt.datetime | None,
-        lease: dt.timedelta,
-        limit: int,
-        *,
-        topics: Collection[str] | None = None,
-        caps: Mapping[str, int] | None = None,
-        isolate: bool = False,
-        solo: bool = False,
-        max_bytes: int | None = None,
-        run: int = 0,
-        room: int | None = None,
-    ) -> Claimed:
-        """Lease up to ``limit`` due messages, earliest due first, for ``lease``.
+        self, now: dt.datetime | None, lease: dt.timedelta, limit: int
+    ) -> list[Message]:
+        """The design's claim: lease up to ``limit`` due messages, earliest due
+        first, for ``lease`` (``claim_many`` of ``ClaimRequest(limit, lease, now)``).
 
         Each claimed message gets a fresh lease token and one more attempt.
-        Concurrent claims never return the same message. ``now`` None is the
-        store's time. ``topics`` (None: all) are claimed freely; each topic in
-        ``caps`` at most that many. ``isolate`` leaves orphans and counts them;
-        ``solo`` claims only orphans and does not count the attempt that an
-        orphan lost while it shared its lease. ``max_bytes`` stops the claim
-        once the payloads taken reach it (the first message is always taken).
+        Concurrent claims never return the same message; of the messages that
+        share a key only the key's head is claimed. ``now`` None is the
+        store's time.
+        """
+        ...
 
-        Of the messages that share a key only the first not yet delivered (the
-        key's head) is claimed; with ``run``, also up to that many of the key's
-        next messages, in order after all heads, while each is due (the caller
-        must start each only once the one before it was acked), ``room``
-        messages in all (None: ``limit``), heads included.
+    async def claim_many(self, request: ClaimRequest) -> Claimed:
+        """Lease what ``request`` asks for (see ClaimRequest and Orphans)."""
+        ...
+
+    async def settle(
+        self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
+    ) -> Settled:
+        """Write a relay's outcomes (acks first) and return the ids written per outcome.
+
+        One call a round: what a relay's deliveries decided since its last
+        write. Retries, burials, releases and keyed acks are fenced by each
+        message's lease token; see the outcome records for what each needs.
+        A call that raises wrote nothing on a store that can say so
+        (PostgreSQL writes a mixed settlement in one transaction).
         """
         ...
 
@@ -365,14 +372,6 @@ class Store(UnitOfWork[Tx], Producer[Tx], RelayStore, Operator, Registry, Protoc
     rest); the backends implement all of it and tests/contract proves they
     agree.
     """
-
-
-def check_claim(lease: dt.timedelta, limit: int) -> None:
-    """Reject claim arguments that can only be mistakes."""
-    if lease <= dt.timedelta(0):
-        raise ValueError(f"outbox: lease must be positive, got {lease}")
-    if limit < 1:
-        raise ValueError(f"outbox: limit must be at least 1, got {limit}")
 
 
 def message_ids(messages: Sequence[Message]) -> tuple[list[uuid.UUID], list[uuid.UUID | None]]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from outbox import Message, Store, new_message
+from outbox.requests import ClaimRequest
 from outbox.store import TopicSettings
 from tests.clock import T0
 
@@ -182,7 +183,9 @@ async def test_a_stale_ack_leaves_a_keyed_message_to_its_current_holder(
 
 async def test_a_runs_acks_one_at_a_time_are_fenced_by_the_lease(store: Store[Any]) -> None:
     await add(store, *keyed("hot", 4))
-    run = list(await store.claim(T0, LEASE, 10, run=16))  # the head and its run: ours
+    run = list(
+        (await store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=10, run=16))).messages
+    )  # the head and its run: ours
     assert [m.json()["n"] for m in run] == [0, 1, 2, 3]
     lease = run[0].lease
     assert lease is not None
@@ -241,11 +244,27 @@ async def test_a_claim_may_take_a_keys_next_messages_in_order_after_its_head(
     later = new_message(TOPIC, {"n": 5}, T0, key="hot", deliver_at=T0 + dt.timedelta(hours=1))
     await add(store, later, *keyed("hot", 1))  # not due: the run stops before it
 
-    got = list(await store.claim(T0, LEASE, 10, run=16))
+    got = list(
+        (await store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=10, run=16))).messages
+    )
 
     assert {m.id for m in got} == {m.id for m in msgs}
     hot = [m.json()["n"] for m in got if m.key == "hot"]
     assert hot == [0, 1, 2, 3, 4], "the key's messages in order, its head first"
     assert await claim(store) == [], "all leased"
-    assert len(await store.claim(T0, LEASE, 3, run=16)) == 0
-    assert len(list(await store.claim(T0 + LEASE, LEASE, 2, run=16))) == 2  # the limit holds
+    assert (
+        len((await store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=3, run=16))).messages)
+        == 0
+    )
+    assert (
+        len(
+            list(
+                (
+                    await store.claim_many(
+                        ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=2, run=16)
+                    )
+                ).messages
+            )
+        )
+        == 2
+    )  # the limit holds

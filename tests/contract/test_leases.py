@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from outbox import Message, NotFound, Store
+from outbox.requests import ClaimRequest, Orphans
 from tests.clock import T0
 from tests.contract.test_store import LEASE, add, msg
 
@@ -148,15 +149,28 @@ async def test_isolating_claim_stops_at_an_orphan_and_counts_what_it_left(
     await store.claim(T0, LEASE, 1)  # its relay dies
     await add(store, ahead, behind)
 
-    claimed = await store.claim(T0 + LEASE, LEASE, 10, isolate=True)
+    claimed = await store.claim_many(
+        ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=10, orphans=Orphans.LEAVE)
+    )
 
-    assert [m.id for m in claimed] == [ahead.id]  # nothing behind the orphan goes first
+    assert [m.id for m in claimed.messages] == [ahead.id]  # nothing behind the orphan goes first
     assert claimed.orphans == 2
     state = await store.get(orphan.id)
     assert state.leased_until == T0 + LEASE  # untouched
-    [alone] = await store.claim(T0 + LEASE, LEASE, 10, isolate=True, solo=True)
+    [alone] = (
+        await store.claim_many(
+            ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=10, orphans=Orphans.ONLY)
+        )
+    ).messages
     assert alone.id == orphan.id
-    assert [m.id for m in await store.claim(T0 + LEASE, LEASE, 10, isolate=True)] == [behind.id]
+    assert [
+        m.id
+        for m in (
+            await store.claim_many(
+                ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=10, orphans=Orphans.LEAVE)
+            )
+        ).messages
+    ] == [behind.id]
 
 
 async def test_solo_claim_takes_only_orphans_and_forgives_a_shared_lease(
@@ -167,13 +181,21 @@ async def test_solo_claim_takes_only_orphans_and_forgives_a_shared_lease(
     await store.claim(T0, LEASE, 1)  # the orphan's relay dies
     now = T0 + LEASE
 
-    [alone] = await store.claim(now, LEASE, 10, isolate=True, solo=True)
+    [alone] = (
+        await store.claim_many(ClaimRequest(now=now, lease=LEASE, limit=10, orphans=Orphans.ONLY))
+    ).messages
     assert alone.id == orphan.id
     assert alone.attempts == 1  # the shared lease that ran out is not counted
-    assert await store.claim(now, LEASE, 10, isolate=True, solo=True) == []
+    assert (
+        await store.claim_many(ClaimRequest(now=now, lease=LEASE, limit=10, orphans=Orphans.ONLY))
+    ).messages == []
 
     # Delivered alone, it killed its relay again: now it counts.
-    [again] = await store.claim(now + LEASE, LEASE, 10, isolate=True, solo=True)
+    [again] = (
+        await store.claim_many(
+            ClaimRequest(now=now + LEASE, lease=LEASE, limit=10, orphans=Orphans.ONLY)
+        )
+    ).messages
     assert again.attempts == 2
 
 
@@ -183,11 +205,21 @@ async def test_caps_bound_how_many_of_a_topic_one_claim_takes(store: Store[Any])
     await add(store, *slow, *fast)
     now = T0 + dt.timedelta(minutes=1)
 
-    claimed = await store.claim(now, LEASE, 10, topics=["orders.placed"], caps={"hooks.slow": 2})
+    claimed = (
+        await store.claim_many(
+            ClaimRequest(
+                now=now, lease=LEASE, limit=10, topics=["orders.placed"], caps={"hooks.slow": 2}
+            )
+        )
+    ).messages
 
     assert [m.topic for m in claimed] == ["hooks.slow"] * 2 + ["orders.placed"] * 3
     assert [m.id for m in claimed[:2]] == [m.id for m in sorted(slow, key=lambda m: m.id)[:2]]
-    none_left = await store.claim(now, LEASE, 10, topics=[], caps={"hooks.slow": 0})
+    none_left = (
+        await store.claim_many(
+            ClaimRequest(now=now, lease=LEASE, limit=10, topics=[], caps={"hooks.slow": 0})
+        )
+    ).messages
     assert none_left == []
 
 
@@ -196,7 +228,11 @@ async def test_caps_and_free_topics_share_the_limit(store: Store[Any], limit: in
     await add(store, *(msg("a.capped", n=i) for i in range(3)))
     await add(store, *(msg("b.free", n=i) for i in range(3)))
 
-    claimed = await store.claim(T0, LEASE, limit, topics=["b.free"], caps={"a.capped": 3})
+    claimed = (
+        await store.claim_many(
+            ClaimRequest(now=T0, lease=LEASE, limit=limit, topics=["b.free"], caps={"a.capped": 3})
+        )
+    ).messages
 
     assert len(claimed) == limit
     assert len({m.id for m in claimed}) == limit

@@ -24,6 +24,7 @@ from outbox import (
     StoreUnavailable,
     new_message,
 )
+from outbox.requests import Claimed, ClaimRequest
 from outbox.store import TopicSettings
 from tests.clock import T0
 from tests.relay import Harness
@@ -144,13 +145,13 @@ async def test_claims_grow_while_the_backlog_fills_them_and_shrink_once_it_is_dr
     store: Store[Any],
 ) -> None:
     asked: list[int] = []
-    claim = store.claim
+    claim = store.claim_many
 
-    async def noting(now: Any, lease: Any, limit: int, **kw: Any) -> Any:
-        asked.append(limit)
-        return await claim(now, lease, limit, **kw)
+    async def noting(request: ClaimRequest) -> Claimed:
+        asked.append(request.limit)
+        return await claim(request)
 
-    store.claim = noting  # type: ignore[method-assign]
+    store.claim_many = noting  # type: ignore[method-assign]
 
     async def fast(m: Message) -> None:
         return None
@@ -235,7 +236,7 @@ async def test_a_crashing_message_is_found_alone_and_its_batch_mates_are_spared(
 
 
 async def test_outcomes_survive_a_store_that_is_briefly_unavailable(store: Store[Any]) -> None:
-    flaky = Flaky(store, fail={"ack_many": 2, "bury_many": 1})
+    flaky = Flaky(store, fail={"settle": 3})
 
     async def handle(m: Message) -> None:
         if m.json()["i"] == 0:
@@ -248,7 +249,7 @@ async def test_outcomes_survive_a_store_that_is_briefly_unavailable(store: Store
 
     assert (await store.get(msgs[0].id)).last_error == "permanent: 550 no such mailbox"
     assert await bench.gone(msgs[1:])
-    assert flaky.failed == {"ack_many": 2, "bury_many": 1}
+    assert flaky.failed == {"settle": 3}
 
 
 class Flaky:

@@ -21,6 +21,7 @@ from outbox import (
     backoff,
     new_message,
 )
+from outbox.requests import ClaimRequest, Orphans
 from tests.clock import T0
 from tests.relay import Harness
 
@@ -220,7 +221,11 @@ async def test_message_that_keeps_dying_alone_is_buried_unread(store: Store[Any]
     assert len(await store.claim(f.now, lease, 10)) == 1
     for attempts in (1, 2):
         f.now += lease
-        [again] = await store.claim(f.now, lease, 1, isolate=True, solo=True)
+        [again] = (
+            await store.claim_many(
+                ClaimRequest(now=f.now, lease=lease, limit=1, orphans=Orphans.ONLY)
+            )
+        ).messages
         assert again.attempts == attempts
     f.now += lease
 

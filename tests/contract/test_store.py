@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from outbox import Message, NotFound, Store, new_message
+from outbox.requests import ClaimRequest
 from tests.clock import T0
 
 LEASE = dt.timedelta(minutes=2)
@@ -267,8 +268,14 @@ async def test_a_claim_stops_once_its_payloads_reach_max_bytes(store: Store[Any]
     await add(store, *big)
     size = len(big[0].payload)
 
-    first = await store.claim(T0 + LEASE, LEASE, 10, max_bytes=2 * size + 1)
-    second = await store.claim(T0 + LEASE, LEASE, 10, max_bytes=1)
+    first = (
+        await store.claim_many(
+            ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=10, max_bytes=2 * size + 1)
+        )
+    ).messages
+    second = (
+        await store.claim_many(ClaimRequest(now=T0 + LEASE, lease=LEASE, limit=10, max_bytes=1))
+    ).messages
     rest = await store.claim(T0 + LEASE, LEASE, 10)
 
     assert [m.id for m in first] == [m.id for m in big[:3]]  # until the bytes before reach it
@@ -288,7 +295,12 @@ async def test_headers_come_back_with_the_message_alone_keyed_and_in_a_run(
     await add(store, alone)
     await add(store, plain, *run)
 
-    got = {m.id: m.headers for m in await store.claim(T0, LEASE, 10, run=16)}
+    got = {
+        m.id: m.headers
+        for m in (
+            await store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=10, run=16))
+        ).messages
+    }
 
     assert got == {
         alone.id: {"x-tenant": "acme"},

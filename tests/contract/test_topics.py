@@ -11,6 +11,7 @@ import pytest
 
 from outbox import Message, NotFound, Store, backoff, new_message
 from outbox.handlers import HandlerKinds
+from outbox.requests import ClaimRequest
 from outbox.store import TopicSettings
 from tests.clock import T0
 from tests.relay import Harness
@@ -47,10 +48,18 @@ async def test_claim_takes_only_the_topics_asked_for(store: Store[Any]) -> None:
     async with store.begin() as tx:
         await store.add(tx, paused, live)
 
-    claimed = await store.claim(T0, dt.timedelta(minutes=1), 10, topics=["b.live"])
+    claimed = (
+        await store.claim_many(
+            ClaimRequest(now=T0, lease=dt.timedelta(minutes=1), limit=10, topics=["b.live"])
+        )
+    ).messages
 
     assert [m.id for m in claimed] == [live.id]
-    assert await store.claim(T0, dt.timedelta(minutes=1), 10, topics=[]) == []
+    assert (
+        await store.claim_many(
+            ClaimRequest(now=T0, lease=dt.timedelta(minutes=1), limit=10, topics=[])
+        )
+    ).messages == []
 
 
 class Fixture(Harness):

@@ -16,6 +16,7 @@ from outbox import StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.store import claim_params
+from outbox.requests import ClaimRequest
 from tests.clock import T0
 from tests.contract.test_pipeline import eventually
 
@@ -79,7 +80,7 @@ async def _ack_while_a_claim_parks(store: PostgresStore, claimer_url: str) -> No
     ):
         # Another relay's claim, left open: it reads the head FOR KEY SHARE and
         # parks the next message behind it.
-        params = claim_params(T0, LEASE, 10, None)
+        params = claim_params(ClaimRequest(now=T0, lease=LEASE, limit=10), None)
         cur = await claimer.execute(QUERIES["message_claim"], {**params, "token": None})
         assert [r for r in await cur.fetchall() if r[0] is not None] == []
         async with anyio.create_task_group() as tg:
@@ -99,7 +100,9 @@ async def test_an_ack_of_keys_whose_next_messages_the_caller_holds_is_the_fenced
     msgs = [new_message(TOPIC, {"n": n}, T0, key="order-1") for n in range(2)]
     async with pg_store.begin() as tx:
         await pg_store.add(tx, *msgs)
-    head, follower = await pg_store.claim(T0, LEASE, 10, run=10)  # a run: both are ours
+    head, follower = (
+        await pg_store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=10, run=10))
+    ).messages  # a run: both are ours
     assert [head.id, follower.id] == [m.id for m in msgs]
 
     stale = await pg_store.ack_many([head.id], tokens=[uuid.uuid4()], keyed=False)

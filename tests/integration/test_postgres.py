@@ -22,6 +22,7 @@ from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.postgres.connection import KEEPALIVES, connect
 from outbox.postgres.queries import QUERIES, migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
+from outbox.requests import ClaimRequest, Orphans
 from tests.clock import T0
 from tests.conftest import fresh_schema
 
@@ -81,7 +82,8 @@ async def explain_claim(
 ) -> tuple[list[Any], list[dict[str, Any]]]:
     """Run the claim under EXPLAIN ANALYZE and roll it back: (ids in order, its scans)."""
     now = T0 + dt.timedelta(seconds=1)
-    params = {**claim_params(now, LEASE, 10, None, topics=topics, isolate=True), **more}
+    request = ClaimRequest(now=now, lease=LEASE, limit=10, topics=topics, orphans=Orphans.LEAVE)
+    params = {**claim_params(request, None), **more}
     claim = QUERIES["message_claim"].encode()
     async with store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
@@ -150,7 +152,7 @@ async def test_a_claim_writes_its_rows_by_id_and_never_reads_the_whole_table(
             {"at": T0},
         )
         await conn.execute("ANALYZE outbox_messages")
-    params = claim_params(T0, LEASE, 400, None, topics=topics)
+    params = claim_params(ClaimRequest(now=T0, lease=LEASE, limit=400, topics=topics), None)
     async with pg_store.pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
             b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["message_claim"].encode(), params
@@ -237,7 +239,9 @@ async def test_a_relay_of_many_topics_claims_only_those_in_due_order(
     for i, topic in enumerate([*served, "registry.unserved"]):
         await _add(pg_store, topic, 1, T0 - dt.timedelta(seconds=i))
 
-    claimed = await pg_store.claim(T0, LEASE, 100, topics=served)
+    claimed = (
+        await pg_store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=100, topics=served))
+    ).messages
 
     assert [m.topic for m in claimed] == served[::-1]
 
@@ -251,7 +255,9 @@ async def test_two_relays_of_many_topics_claim_each_message_once(
     seen: list[list[Any]] = [[], []]
 
     async def relay(store: PostgresStore, mine: list[Any]) -> None:
-        while claimed := await store.claim(T0, LEASE, 7, topics=served):
+        while claimed := (
+            await store.claim_many(ClaimRequest(now=T0, lease=LEASE, limit=7, topics=served))
+        ).messages:
             mine.extend(m.id for m in claimed)
             await store.ack_many([m.id for m in claimed])
 

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.memory import MemoryStore
 from outbox.postgres import PostgresStore, add_sync, connect_pool, migrate, producer
-from outbox.store import Claimed
+from outbox.requests import Claimed, ClaimRequest
 from outbox.wake import WAKE_WINDOW, WAKES, Wakes, decode_topics, encode_topics
 from tests.integration import recording
 from tests.integration.process import RelayProcess, count, wait_until
@@ -111,9 +111,9 @@ class CountingStore(MemoryStore):
         super().__init__()
         self.claims = 0
 
-    async def claim(self, *args: Any, **kwargs: Any) -> Claimed:
+    async def claim_many(self, request: ClaimRequest) -> Claimed:
         self.claims += 1
-        return await super().claim(*args, **kwargs)
+        return await super().claim_many(request)
 
 
 async def _until(what: str, predicate: Any) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,16 +27,25 @@ from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.statements import DEADLINE, Statements
+from outbox.requests import (
+    Acked,
+    Buried,
+    Claimed,
+    ClaimRequest,
+    Orphans,
+    Outcome,
+    Retried,
+    Settled,
+    Sorted,
+)
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
     BlockedKey,
-    Claimed,
     RelayInfo,
     StoredMessage,
     TopicSettings,
     TopicStats,
-    check_claim,
     message_ids,
 )
 
@@ -121,56 +130,122 @@ class PostgresStore:
         await add(tx, *msgs)
 
     async def claim(
-        self,
-        now: dt.datetime | None,
-        lease: dt.timedelta,
-        limit: int,
-        *,
-        topics: Collection[str] | None = None,
-        caps: Mapping[str, int] | None = None,
-        isolate: bool = False,
-        solo: bool = False,
-        max_bytes: int | None = None,
-        run: int = 0,
-        room: int | None = None,
-    ) -> Claimed:
-        check_claim(lease, limit)
+        self, now: dt.datetime | None, lease: dt.timedelta, limit: int
+    ) -> list[Message]:
+        return (await self.claim_many(ClaimRequest(limit=limit, lease=lease, now=now))).messages
+
+    async def claim_many(self, request: ClaimRequest) -> Claimed:
         token = uuid.uuid4()
-        params = claim_params(
-            now,
-            lease,
-            limit,
-            token,
-            topics=topics,
-            caps=caps,
-            isolate=isolate,
-            solo=solo,
-            max_bytes=max_bytes,
-        )
-        rows = await self.statements.fetch(_CLAIM, params)
-        claimed = Claimed(_claimed(r, token) for r in rows if r[0] is not None)
-        claimed.orphans = len(rows) - len(claimed)
-        room = (limit if room is None else room) - len(claimed)
-        if run <= 0 or room <= 0 or solo:
+        rows = await self.statements.fetch(_CLAIM, claim_params(request, token))
+        claimed = Claimed([_claimed(r, token) for r in rows if r[0] is not None])
+        claimed.orphans = len(rows) - len(claimed.messages)
+        room = (request.limit if request.room is None else request.room) - len(claimed.messages)
+        if request.run <= 0 or room <= 0 or request.orphans is Orphans.ONLY:
             return claimed
         heads = [r for r in rows if r[0] is not None and r[5] is not None]
         if heads:
-            used = sum(len(m.payload) for m in claimed)
+            used = sum(len(m.payload) for m in claimed.messages)
+            max_bytes = request.max_bytes
             more = {
-                "now": now,
-                "lease": lease,
+                "now": request.now,
+                "lease": request.lease,
                 "token": token,
                 "topics": [r[1] for r in heads],
                 "keys": [r[5] for r in heads],
                 "seqs": [r[6] for r in heads],
-                "run": run,
+                "run": request.run,
                 "limit": room,
                 "max_bytes": None if max_bytes is None else max(max_bytes - used, 0),
             }
-            claimed.extend(
+            claimed.messages.extend(
                 _claimed(r, token) for r in await self.statements.fetch(_CLAIM_RUN, more)
             )
         return claimed
+
+    async def settle(
+        self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
+    ) -> Settled:
+        by = Sorted.of(outcomes)
+        kinds = sum(map(bool, (by.acks, by.retries, by.burials, by.releases)))
+        if kinds > 1:
+            return await self._settle_together(by, now)
+        settled = Settled()
+        if by.acks:
+            settled.acked = await self._acks(by.acks, durable=not by.only_runs())
+        elif by.retries:
+            settled.retried = await self._retries(by.retries, now)
+        elif by.burials:
+            settled.buried = await self._burials(by.burials, now)
+        elif by.releases:
+            settled.released = await self.release([r.message for r in by.releases], now)
+        return settled
+
+    async def _acks(self, acks: list[Acked], *, durable: bool) -> set[uuid.UUID]:
+        """The acks of one settlement, by the cheapest statement that does them right."""
+        ids = [a.message.id for a in acks]
+        keyed = [a for a in acks if a.message.key is not None]
+        if not keyed:  # the common case: the plain DELETE, unfenced
+            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids})
+            return _removed(ids, kept)
+        # Keyed acks are fenced by their leases (see Acked).
+        tokens = _tokens(a.message for a in keyed)
+        if not durable and len(ids) == 1:
+            if not tokens:  # never claimed: no lease holds it
+                return set()
+            one = {"id": ids[0], "token": next(iter(tokens))}
+            return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
+        params = {"ids": ids, "tokens": list(tokens)}
+        if not durable:
+            return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
+        if all(a.run for a in keyed):  # this relay holds each key's next: nothing to unpark
+            [(kept, _)] = await self.statements.fetch(_ACK_KEYED, params)
+        else:
+            kept = await self._ack_and_unpark(params)
+        return _removed(ids, kept)
+
+    async def _settle_together(self, by: Sorted, now: dt.datetime | None) -> Settled:
+        """Outcomes of more than one kind in one transaction (pipelined: one round
+        trip), so a settlement that fails wrote nothing and can be sent again."""
+        steps: list[tuple[Any, dict[str, Any]]] = []  # each but key_unpark returns rows
+        if by.acks:
+            keyed = [a.message for a in by.acks if a.message.key is not None]
+            ids = [a.message.id for a in by.acks]
+            steps.append((_ACK_KEYED, {"ids": ids, "tokens": list(_tokens(keyed))}))
+            if not all(a.run for a in by.acks if a.message.key is not None):
+                steps.append((_KEY_UNPARK, {"pairs": None}))
+        if by.retries:
+            steps.append((_RETRY_MANY, _retry_params(by.retries, now)))
+        if by.burials:
+            steps.append((_BURY_MANY, _bury_params(by.burials, now)))
+        if by.releases:
+            ids, tokens = message_ids([r.message for r in by.releases])
+            steps.append((_RELEASE, {"ids": ids, "tokens": tokens, "now": now}))
+        async with self.statements.translated(), self.pool.connection() as conn:
+            async with conn.pipeline():
+                cursors = [await conn.execute(q, p) for q, p in steps]
+            rows = {
+                q: await c.fetchall()
+                for (q, _), c in zip(steps, cursors, strict=True)
+                if q is not _KEY_UNPARK
+            }
+        settled = Settled()
+        if by.acks:
+            [(kept, _)] = rows[_ACK_KEYED]
+            settled.acked = _removed([a.message.id for a in by.acks], kept)
+        settled.retried = {r[0] for r in rows.get(_RETRY_MANY, ())}
+        buried = rows.get(_BURY_MANY, [])
+        settled.buried = {r[0] for r in buried}
+        settled.released = {r[0] for r in rows.get(_RELEASE, ())}
+        await self.statements.unpark((r[1], r[2]) for r in buried)
+        return settled
+
+    async def _retries(self, retries: list[Retried], now: dt.datetime | None) -> set[uuid.UUID]:
+        return {r[0] for r in await self.statements.fetch(_RETRY_MANY, _retry_params(retries, now))}
+
+    async def _burials(self, burials: list[Buried], now: dt.datetime | None) -> set[uuid.UUID]:
+        rows = await self.statements.fetch(_BURY_MANY, _bury_params(burials, now))
+        await self.statements.unpark((r[1], r[2]) for r in rows)  # where the topic skips them
+        return {r[0] for r in rows}
 
     async def ack_many(
         self,
@@ -184,11 +259,8 @@ class PostgresStore:
             return set()
         ids = list(message_ids)
         if not keyed and tokens is None:  # no key among them: the plain DELETE
-            await self.statements.count(_ACK_UNKEYED, {"ids": ids})
-            return set(ids)
-        if not keyed and not durable and len(ids) == 1 and (tokens is None or len(tokens) == 1):
-            one = {"id": ids[0], "token": None if tokens is None else next(iter(tokens))}
-            return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
+            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids})
+            return _removed(ids, kept)
         params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
         if not keyed and not durable:
             return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
@@ -196,9 +268,7 @@ class PostgresStore:
             kept = await self._ack_and_unpark(params)
         else:  # the caller holds the next message of each key: nothing to unpark
             [(kept, _)] = await self.statements.fetch(_ACK_KEYED, params)
-        removed = set(ids)
-        removed.difference_update(kept)
-        return removed
+        return _removed(ids, kept)
 
     async def _ack_and_unpark(self, params: dict[str, Any]) -> list[uuid.UUID]:
         """message_ack_keyed, then key_unpark of the keys it removed: one
@@ -220,32 +290,16 @@ class PostgresStore:
     ) -> set[uuid.UUID]:
         if not items:
             return set()
-        params = {
-            "now": now,
-            "ids": [m.id for m, _, _ in items],
-            "tokens": [m.lease for m, _, _ in items],
-            "delays": [d for _, d, _ in items],
-            "reasons": [r for _, _, r in items],
-            "counted": [m.id not in uncounted for m, _, _ in items],
-        }
-        return {r[0] for r in await self.statements.fetch(_RETRY_MANY, params)}
+        return await self._retries(
+            [Retried(m, delay, reason, m.id not in uncounted) for m, delay, reason in items], now
+        )
 
     async def bury_many(
         self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         if not items:
             return set()
-        params = {
-            "now": now,
-            "ids": [m.id for m, _ in items],
-            "tokens": [m.lease for m, _ in items],
-            "reasons": [r for _, r in items],
-        }
-        rows = await self.statements.fetch(_BURY_MANY, params)
-        await self.statements.unpark(
-            (r[1], r[2]) for r in rows
-        )  # where the topic skips buried heads
-        return {r[0] for r in rows}
+        return await self._burials([Buried(m, reason) for m, reason in items], now)
 
     async def release(
         self, messages: Sequence[Message], now: dt.datetime | None = None
@@ -414,6 +468,45 @@ class PostgresStore:
                 if n < batch:
                     break
         return dict(sorted(buried.items()))
+
+
+def _removed(ids: list[uuid.UUID], kept: list[uuid.UUID]) -> set[uuid.UUID]:
+    """The ids an ack removed: those given but the few it ``kept`` (as a rule none)."""
+    removed = set(ids)
+    removed.difference_update(kept)
+    return removed
+
+
+def _tokens(messages: Iterable[Message]) -> set[uuid.UUID]:
+    """The lease tokens of ``messages``: those of one claim share one, so each is
+    hashed once, not once a message."""
+    tokens: set[uuid.UUID] = set()
+    last = None
+    for m in messages:
+        if m.lease is not last and m.lease is not None:
+            tokens.add(m.lease)
+            last = m.lease
+    return tokens
+
+
+def _retry_params(retries: list[Retried], now: dt.datetime | None) -> dict[str, Any]:
+    return {
+        "now": now,
+        "ids": [r.message.id for r in retries],
+        "tokens": [r.message.lease for r in retries],
+        "delays": [r.delay for r in retries],
+        "reasons": [r.reason for r in retries],
+        "counted": [r.counted for r in retries],
+    }
+
+
+def _bury_params(burials: list[Buried], now: dt.datetime | None) -> dict[str, Any]:
+    return {
+        "now": now,
+        "ids": [b.message.id for b in burials],
+        "tokens": [b.message.lease for b in burials],
+        "reasons": [b.reason for b in burials],
+    }
 
 
 def _relay(r: Any) -> RelayInfo:

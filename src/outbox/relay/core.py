@@ -40,11 +40,12 @@ from outbox.relay.config import CLAIM_WAIT, KEY_RUN, STORE_WAIT, RelayConfig
 from outbox.relay.deliver import Deliveries
 from outbox.relay.fleet import Fleet
 from outbox.relay.housekeeping import Housekeeper
-from outbox.relay.inflight import InFlight
+from outbox.relay.inflight import Held, InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Handler, HandlerKind, Router
-from outbox.relay.settle import Held, Settler
-from outbox.store import Claimed, Store
+from outbox.relay.settle import Settler
+from outbox.requests import Claimed, ClaimRequest, Orphans, Released
+from outbox.store import Store
 from outbox.tracing import DeliveryTracer
 from outbox.wake import WAKE_WINDOW
 
@@ -105,16 +106,10 @@ class Relay:
         self.metrics = RelayMetrics.of(registry)
         self._held = held = InFlight()
         self.metrics.in_flight.set_function(lambda: len(held))
-        self.settler = Settler(store, self.metrics, self._store_now)
+        self.settler = Settler(store, self.metrics, self._store_now, held, wake=self.wake)
         self.deliveries = Deliveries(
-            held,
-            self.settler,
-            self.metrics,
-            stopping=lambda: self._stopping,
-            wake=self.wake,
-            tracer=tracer,
+            held, self.settler, self.metrics, stopping=lambda: self._stopping, tracer=tracer
         )
-        self.settler.written = self.deliveries.written
         self.fleet = Fleet(store, self.router, cfg, self.metrics, clock=clock, host=host)
         # Export every known topic's counters at 0 from the start: increase()
         # needs a sample before the first burial to see it.
@@ -224,9 +219,9 @@ class Relay:
         await self.housekeeper.once()
         claimed = await self._claim(min(self.config.batch, self.slots))
         async with anyio.create_task_group() as tg:
-            await self.deliveries.start(claimed, tg)
+            await self.deliveries.start(claimed.messages, tg)
         await self.settler.flush()
-        handled = len(claimed)
+        handled = len(claimed.messages)
         while self._orphans:
             handled += await self._deliver_orphan()
         return handled
@@ -373,8 +368,8 @@ class Relay:
         claimed = await self._claim(want, max_bytes=room)
         self.metrics.database_up.set(1)
         self.metrics.last_poll.set(time.time())
-        await self.deliveries.start(claimed, tg)
-        short = len(claimed) + claimed.orphans < want
+        await self.deliveries.start(claimed.messages, tg)
+        short = len(claimed.messages) + claimed.orphans < want
         # A claim costs about as much for one row as for a hundred: while the
         # backlog fills every claim and handlers free slots as fast, claim
         # twice as many next time, up to the slots; a short claim (the backlog
@@ -391,8 +386,7 @@ class Relay:
         await self.settler.flush()
         self.deliveries.clear()
         for held in self._held.undecided():
-            self._held.decide(held)
-            self.settler.release(held)
+            self.settler.report(held, Released(held.message))
         await self.settler.flush()
         try:
             await self.fleet.leave()
@@ -404,12 +398,26 @@ class Relay:
     async def _claim(
         self, limit: int, *, solo: bool = False, max_bytes: int | None = None
     ) -> Claimed:
+        """Claim up to ``limit`` for the free slots (``solo``: one orphan) and hold it."""
         router = self.router
         caps = None
         if router.capped:
             caps = {t: cap - self._held.load[t] for t, cap in router.capped.items()}
         if not router.free and not caps:
             return Claimed()
+        request = ClaimRequest(
+            limit=limit,
+            lease=self.config.lease,
+            now=self._store_now(),
+            topics=router.free,
+            caps=caps or {},
+            # Orphans are delivered alone, each its own claim: the one that
+            # kills its relay is found by itself.
+            orphans=Orphans.ONLY if solo else Orphans.LEAVE,
+            max_bytes=max_bytes,
+            run=KEY_RUN,
+            room=max(limit, (self.slots - len(self._held)) // 2),  # see KEY_RUN
+        )
         lease_end = time.monotonic() + self._lease
         # A claim is never abandoned midway: cancelled then, its statement may
         # still commit on the server, and messages nobody holds would wait out
@@ -418,29 +426,18 @@ class Relay:
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.fail_after(CLAIM_WAIT):
-                    claimed = await self.store.claim(
-                        self._store_now(),
-                        self.config.lease,
-                        limit,
-                        topics=router.free,
-                        caps=caps,
-                        isolate=True,
-                        solo=solo,
-                        max_bytes=max_bytes,
-                        run=KEY_RUN,
-                        room=max(limit, (self.slots - len(self._held)) // 2),  # see KEY_RUN
-                    )
+                    claimed = await self.store.claim_many(request)
             except TimeoutError:
                 raise StoreUnavailable(f"no claim within {CLAIM_WAIT:g}s") from None
         if claimed.orphans:
             self._orphans = True
-        for m in claimed:
+        for m in claimed.messages:
             self._held.hold(Held(m, router.routes.get(m.topic), lease_end, solo))
         return claimed
 
     async def _deliver_orphan(self, tg: anyio.abc.TaskGroup | None = None) -> int:
         """Claim one orphan and deliver it alone; return 1, or 0 when none is left."""
-        claimed = await self._claim(1, solo=True)
+        claimed = (await self._claim(1, solo=True)).messages
         if not claimed:
             self._orphans = False
             return 0

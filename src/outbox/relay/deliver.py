@@ -21,12 +21,13 @@ import anyio.lowlevel
 
 from outbox.durations import format_duration
 from outbox.errors import Dropped, Permanent, RetryAfter, Unavailable
+from outbox.message import Message
 from outbox.relay.backoff import backoff
-from outbox.relay.inflight import InFlight
+from outbox.relay.inflight import Held, InFlight
 from outbox.relay.metrics import RelayMetrics
 from outbox.relay.routing import Route
-from outbox.relay.settle import Held, Settler, clean_reason
-from outbox.store import Claimed
+from outbox.relay.settle import Settler, clean_reason
+from outbox.requests import Acked, Buried, Outcome, Released, Retried
 from outbox.tracing import DeliveryTracer
 
 __all__ = ["Deliveries"]
@@ -39,9 +40,9 @@ class Deliveries:
     """Hands what a relay claimed to its handlers and queues each outcome.
 
     ``in_flight`` holds the claimed messages (the relay's claims add to it;
-    the settler's writes free them, through :meth:`written`); ``stopping``
-    tells whether the relay stops (then no new delivery starts); ``wake`` asks
-    the relay to claim now.
+    the settler's writes free them); each outcome goes to ``settler.report``
+    once; ``stopping`` tells whether the relay stops (then no new delivery
+    starts).
     """
 
     def __init__(
@@ -51,7 +52,6 @@ class Deliveries:
         metrics: RelayMetrics,
         *,
         stopping: Callable[[], bool],
-        wake: Callable[[], None],
         tracer: DeliveryTracer | None = None,
     ) -> None:
         self.in_flight = in_flight
@@ -59,12 +59,11 @@ class Deliveries:
         self.metrics = metrics
         self.tracer = tracer
         self._stopping = stopping
-        self._wake = wake
         self._queue: collections.deque[tuple[Held, Route]] = collections.deque()
         self.workers = 0
         """Tasks delivering (workers and key runs): the relay ends once none is left."""
 
-    async def start(self, claimed: Claimed, tg: anyio.abc.TaskGroup) -> None:
+    async def start(self, claimed: list[Message], tg: anyio.abc.TaskGroup) -> None:
         """Queue ``claimed`` and add workers while every running one waits.
 
         Messages of one key after its first (a claim's run) go to a task of
@@ -104,20 +103,11 @@ class Deliveries:
         """Start nothing more of what is queued (the relay hands it back)."""
         self._queue.clear()
 
-    def written(self, held: Held) -> None:
-        """``held``'s outcome is in the store (or given up): free its slot."""
-        freed = self.in_flight.free(held)
-        if freed and held.acked and held.message.key is not None and not held.followed:
-            # The ack unparked the key's next message: claim it now, not an
-            # interval later (nobody notifies an unpark).
-            self._wake()
-
     def _admit(self, held: Held) -> Route | None:
         """``held``'s route, if it goes to its handler; if not, settle it now."""
         m, route = held.message, held.route
         if route is None:  # the registry changed since the claim: let another relay
-            self.in_flight.decide(held)
-            self.settler.release(held)
+            self.settler.report(held, Released(m))
             return None
         if m.attempts > route.max_attempts:
             if held.solo:
@@ -127,8 +117,7 @@ class Deliveries:
                 )
             else:
                 reason = f"claimed {m.attempts} times, more than maxAttempts {route.max_attempts}"
-            self.in_flight.decide(held)
-            self.settler.bury(held, reason)
+            self.settler.report(held, Buried(m, reason))
             return None
         return route
 
@@ -161,9 +150,12 @@ class Deliveries:
             self.in_flight.signal()
 
     async def _deliver(self, held: Held, route: Route) -> None:
+        """Hand ``held`` to its handler and report the outcome, from this one exit
+        (none when cancelled from outside: a timeout or a shutdown decides it)."""
         m = held.message
         span = None if self.tracer is None else self.tracer.start(m)
-        outcome, reason = "interrupted", None
+        outcome: Outcome | None = None
+        dropped: str | None = None
         started = time.perf_counter()
         try:
             if span is None:
@@ -175,39 +167,32 @@ class Deliveries:
                 finally:
                     span.leave(token)
         except Permanent as exc:
-            self.in_flight.decide(held)
-            outcome, reason = "buried", f"permanent: {exc.reason}"
-            self.settler.bury(held, reason)
+            outcome = Buried(m, clean_reason(f"permanent: {exc.reason}"))
         except Dropped as exc:
-            self.in_flight.decide(held)
-            outcome = "dropped"
-            self.settler.ack(held, dropped=exc.reason)
+            outcome, dropped = Acked(m, run=held.followed), exc.reason
         except RetryAfter as exc:
-            outcome, reason = self._fail(held, route, exc.reason, exc.delay), exc.reason
+            outcome = self._failed(held, route, exc.reason, exc.delay)
         except Unavailable as exc:
-            self.in_flight.decide(held)  # the receiver is at fault, not the message: not counted
-            outcome, reason = "retried", exc.reason
-            self.settler.retry(held, exc.delay, exc.reason, counted=False)
+            # The receiver is at fault, not the message: the attempt is not counted.
+            outcome = Retried(m, exc.delay, clean_reason(exc.reason), counted=False)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            outcome = self._fail(held, route, reason)
+            outcome = self._failed(held, route, f"{type(exc).__name__}: {exc}")
         except anyio.get_cancelled_exc_class():
             if anyio.current_effective_deadline() == -math.inf:
                 raise  # we are being cancelled: a timeout or a shutdown
             # The handler raised it on its own (a cancelled task inside it).
-            reason = "CancelledError: raised by the handler"
-            outcome = self._fail(held, route, reason)
+            outcome = self._failed(held, route, "CancelledError: raised by the handler")
         else:
-            self.in_flight.decide(held)
-            outcome = "acked"
-            self.settler.ack(held)
+            outcome = Acked(m, run=held.followed)
         finally:
             elapsed = time.perf_counter() - started
             if span is None:
                 self.metrics.topic(m.topic).duration.observe(elapsed)
             else:
                 self.metrics.topic(m.topic).duration.observe(elapsed, span.exemplar())
-                span.end(outcome, None if reason is None else clean_reason(reason))
+                span.end(*_traced(outcome, dropped))
+        assert outcome is not None  # cancelled from outside, it raised above
+        self.settler.report(held, outcome, dropped)
 
     async def _follow(self, run: list[Held]) -> None:
         """Deliver a key's messages of one claim in order, each only once the one
@@ -243,27 +228,34 @@ class Deliveries:
     def _hand_over(self, rest: list[Held]) -> None:
         for held in rest:
             if not held.decided:
-                self.in_flight.decide(held)
-                self.settler.release(held)
+                self.settler.report(held, Released(held.message))
 
     def _timed_out(self, held: Held, route: Route) -> None:
         if held.decided:
             return
         if self._stopping():
-            self.in_flight.decide(held)
-            self.settler.release(held)
+            self.settler.report(held, Released(held.message))
             return
-        self._fail(held, route, f"timed out after {format_duration(route.timeout)}")
+        timed_out = f"timed out after {format_duration(route.timeout)}"
+        self.settler.report(held, self._failed(held, route, timed_out))
 
-    def _fail(
-        self, held: Held, route: Route, reason: str, delay: dt.timedelta | None = None
-    ) -> str:
-        """Retry ``held`` after ``delay`` (or its backoff), or bury it if it has no
-        attempts left; returns which ("retried" or "buried")."""
+    @staticmethod
+    def _failed(
+        held: Held, route: Route, reason: str, delay: dt.timedelta | None = None
+    ) -> Retried | Buried:
+        """A retry after ``delay`` (or the backoff), or a burial once no attempt is left."""
         m = held.message
-        self.in_flight.decide(held)
         if m.attempts >= route.max_attempts:
-            self.settler.bury(held, f"{reason} (after {m.attempts} attempts)")
-            return "buried"
-        self.settler.retry(held, delay or backoff(m.attempts), reason)
-        return "retried"
+            return Buried(m, clean_reason(f"{reason} (after {m.attempts} attempts)"))
+        return Retried(m, delay or backoff(m.attempts), clean_reason(reason))
+
+
+def _traced(outcome: Outcome | None, dropped: str | None) -> tuple[str, str | None]:
+    """The span's outcome and error for a delivery's ``outcome`` (None: interrupted)."""
+    match outcome:
+        case Acked():
+            return ("dropped" if dropped is not None else "acked"), None
+        case Retried() | Buried():
+            return ("retried" if isinstance(outcome, Retried) else "buried"), outcome.reason
+        case _:
+            return "interrupted", None

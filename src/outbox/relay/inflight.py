@@ -9,14 +9,38 @@ that wakes whoever waits for room, a worker or an outcome.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import uuid
 from collections.abc import Callable
 
 import anyio
 
-from outbox.relay.settle import Held
+from outbox.message import Message
+from outbox.relay.routing import Route
 
-__all__ = ["InFlight"]
+__all__ = ["Held", "InFlight"]
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Held:
+    """A message this relay has claimed and not yet settled."""
+
+    message: Message
+    route: Route | None
+    """How its topic is delivered (None: no route serves its topic any more, the
+    registry changed since the claim; it is released for another relay)."""
+    lease_end: float
+    """When its lease ends, on the monotonic clock (a little early: measured
+    before the claim was sent)."""
+    solo: bool = False
+    decided: bool = False
+    """Its outcome is known (queued for writing, or written)."""
+    acked: bool = False
+    """Its ack is in the store (a key's next message waits for it)."""
+    followed: bool = False
+    """This relay holds the next message of its key (its ack unparks nothing)."""
+    settled: bool = False
+    """Its outcome's write is over (done, fenced out, or given up)."""
 
 
 class InFlight:

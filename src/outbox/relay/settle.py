@@ -1,10 +1,10 @@
 """Settling: each delivery's outcome written soon, in few statements, fenced by its lease.
 
 Outcomes queue up while a write is under way and go out together: one
-statement per kind (acks, retries, burials, releases) for everything that
-finished meanwhile, so a busy relay coalesces its writes and an idle one
-writes at once. Acks go first: a message that was delivered must not be
-handed back for another delivery.
+settlement (``store.settle``) for everything that finished meanwhile, so a
+busy relay coalesces its writes and an idle one writes at once. The store
+writes acks first: a message that was delivered must not be handed back for
+another delivery.
 
 A retry, burial or release carries the lease token of the claim it answers;
 the store applies it only while that lease still holds the message. One that
@@ -18,24 +18,23 @@ deliver it again anyway, and the loss is logged, never silent.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable
 
 import anyio
 
 from outbox.durations import format_duration
 from outbox.errors import StoreUnavailable
 from outbox.message import Message
+from outbox.relay.inflight import Held, InFlight
 from outbox.relay.metrics import RelayMetrics
-from outbox.relay.routing import Route
+from outbox.requests import Acked, Buried, Outcome, Released, Retried, Settled
 from outbox.store import RelayStore
 
-__all__ = ["REASON_MAX", "Held", "Settler", "clean_reason"]
+__all__ = ["REASON_MAX", "Settler", "clean_reason"]
 
 log = logging.getLogger("outbox.relay")
 
@@ -44,21 +43,6 @@ REASON_MAX = 2000
 
 _FIRST_WAIT = 0.05
 _RETRY_CEILING = 1.0
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def _tokens(held: list[Held]) -> set[uuid.UUID]:
-    """The lease tokens of ``held``: the messages of one claim share one, so
-    each is hashed once, not once a message."""
-    tokens: set[uuid.UUID] = set()
-    last = None
-    for h in held:
-        token = h.message.lease
-        if token is not last and token is not None:
-            tokens.add(token)
-            last = token
-    return tokens
 
 
 def clean_reason(text: str) -> str:
@@ -71,37 +55,14 @@ def clean_reason(text: str) -> str:
     return text
 
 
-@dataclasses.dataclass(slots=True, eq=False)
-class Held:
-    """A message this relay has claimed and not yet settled."""
-
-    message: Message
-    route: Route | None
-    """How its topic is delivered (None: no route serves its topic any more, the
-    registry changed since the claim; it is released for another relay)."""
-    lease_end: float
-    """When its lease ends, on the monotonic clock (a little early: measured
-    before the claim was sent)."""
-    solo: bool = False
-    decided: bool = False
-    """Its outcome is known (queued for writing, or written)."""
-    acked: bool = False
-    """Its ack is in the store (a key's next message waits for it)."""
-    followed: bool = False
-    """This relay holds the next message of its key (its ack unparks nothing)."""
-    settled: bool = False
-    """Its outcome's write is over (done, fenced out, or given up)."""
-
-
-Outcome = TypeVar("Outcome", tuple[Held, dt.timedelta, str, bool], tuple[Held, str])
-
-
 class Settler:
     """Writes outcomes for one relay; ``run()`` flushes whenever some are queued.
 
-    ``written`` is called for each message once its outcome's write is over
-    (done, fenced out, or given up): only then does it stop taking a slot, so
-    a relay that dies repeats at most its slots' worth of deliveries.
+    Each delivery's outcome comes in once, through :meth:`report`. Once its
+    write is over (done, fenced out, or given up) the message stops taking a
+    slot in ``in_flight``, so a relay that dies repeats at most its slots'
+    worth of deliveries; ``wake`` asks the relay to claim at once when an ack
+    unparked a key's next message (nobody notifies an unpark).
     """
 
     def __init__(
@@ -109,17 +70,17 @@ class Settler:
         store: RelayStore,
         metrics: RelayMetrics,
         now: Callable[[], dt.datetime | None],
-        written: Callable[[Held], None] = lambda held: None,
+        in_flight: InFlight,
+        wake: Callable[[], None],
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.now = now
-        self.written = written
-        self.acks: list[Held] = []
+        self.in_flight = in_flight
+        self.wake = wake
+        self.queued: list[tuple[Held, Outcome]] = []
         self.dropped: dict[uuid.UUID, str] = {}
-        self.retries: list[tuple[Held, dt.timedelta, str, bool]] = []
-        self.buries: list[tuple[Held, str]] = []
-        self.releases: list[Held] = []
+        """Acks of messages a handler dropped, with its reason (counted apart)."""
         self._ready: anyio.Event | None = None
         self._lock: anyio.Lock | None = None
         self._closed = False
@@ -128,28 +89,19 @@ class Settler:
 
     # -- queueing (synchronous, cheap: called once per delivery) -------------
 
-    def ack(self, held: Held, dropped: str | None = None) -> None:
-        self.acks.append(held)
+    def report(self, held: Held, outcome: Outcome, dropped: str | None = None) -> None:
+        """``held``'s outcome: it no longer counts against its topic, and it is
+        queued for the next round of writes (``dropped``: the handler's reason
+        for an ack it dropped)."""
+        self.in_flight.decide(held)
+        self.queued.append((held, outcome))
         if dropped is not None:
             self.dropped[held.message.id] = dropped
-        if not held.followed:  # a run's ack is written by its settled() call
-            self._poke()
-
-    def retry(self, held: Held, delay: dt.timedelta, reason: str, *, counted: bool = True) -> None:
-        """Retry after ``delay``; ``counted`` False hands the attempt back (Unavailable)."""
-        self.retries.append((held, delay, clean_reason(reason), counted))
-        self._poke()
-
-    def bury(self, held: Held, reason: str) -> None:
-        self.buries.append((held, clean_reason(reason)))
-        self._poke()
-
-    def release(self, held: Held) -> None:
-        self.releases.append(held)
-        self._poke()
+        if not (held.followed and isinstance(outcome, Acked)):
+            self._poke()  # a run's ack is written by its settled() call
 
     def pending(self) -> bool:
-        return bool(self.acks or self.retries or self.buries or self.releases)
+        return bool(self.queued)
 
     def _poke(self) -> None:
         if self._ready is not None and not self._ready.is_set():
@@ -231,167 +183,120 @@ class Settler:
                 over.set()
 
     async def _write_round(self) -> None:
-        """Write what is queued: acks, retries, burials, releases, a statement each."""
-        acks, self.acks = self.acks, []
+        """Write what is queued, one settlement; put it back if cancelled before
+        it was confirmed (a mixed settlement writes all or nothing)."""
+        queued, self.queued = self.queued, []
         dropped, self.dropped = self.dropped, {}
-        retries, self.retries = self.retries, []
-        buries, self.buries = self.buries, []
-        releases, self.releases = self.releases, []
-        stage = 0
         try:
-            if acks:
-                await self._acks(acks, dropped)
-                self._over(acks)
-            stage = 1
-            if retries:
-                await self._retries(retries)
-                self._over(h for h, _, _, _ in retries)
-            stage = 2
-            if buries:
-                await self._buries(buries)
-                self._over(h for h, _ in buries)
-            stage = 3
-            if releases:
-                await self._releases(releases)
-                self._over(releases)
+            settled = await self._send(queued)
         except BaseException:
-            if stage <= 0:
-                self.acks[:0] = acks
-                self.dropped.update(dropped)
-            if stage <= 1:
-                self.retries[:0] = retries
-            if stage <= 2:
-                self.buries[:0] = buries
-            self.releases[:0] = releases
+            self.queued[:0] = queued
+            self.dropped.update(dropped)
             raise
-
-    def _over(self, items: Iterable[Held]) -> None:
-        for held in items:
+        if settled is not None:
+            self._report(queued, settled, dropped)
+        for held, _ in queued:
             held.settled = True
-            self.written(held)
+            if self.in_flight.free(held):
+                m = held.message
+                if held.acked and m.key is not None and not held.followed:
+                    self.wake()  # the ack unparked the key's next message: claim it now
 
-    async def _acks(self, acks: list[Held], dropped: dict[uuid.UUID, str]) -> None:
-        done = await self._persist("ack", acks, lambda h: h, self._ack_many)
-        if done is None:
-            return
+    async def _send(self, queued: list[tuple[Held, Outcome]]) -> Settled | None:
+        """``store.settle``, sent again while the store is unavailable and the
+        leases last; None once it is given up (logged: another relay will
+        deliver the messages again)."""
+        wait = _FIRST_WAIT
+        items = queued
+        while True:
+            try:
+                return await self.store.settle([o for _, o in items], now=self.now())
+            except StoreUnavailable as exc:
+                if wait == _FIRST_WAIT:
+                    log.warning(
+                        "could not settle %d messages: %s; trying again until their leases end",
+                        len(items),
+                        exc,
+                    )
+                deadline = time.monotonic() + wait
+                alive = [i for i in items if i[0].lease_end > deadline]
+                if len(alive) < len(items):
+                    log.warning(
+                        "could not settle %d messages before their leases ended (%s); "
+                        "another relay will deliver them again",
+                        len(items) - len(alive),
+                        exc,
+                    )
+                if not alive:
+                    return None
+                items = alive
+                await anyio.sleep(wait)
+                wait = min(wait * 2, _RETRY_CEILING)
+            except Exception:
+                log.exception(
+                    "could not settle %d messages; their leases will run out and another "
+                    "relay will deliver them again",
+                    len(items),
+                )
+                return None
+
+    def _report(
+        self, queued: list[tuple[Held, Outcome]], settled: Settled, dropped: dict[uuid.UUID, str]
+    ) -> None:
+        """Log and count what was written; a fenced outcome not written lost its lease."""
         debug = log.isEnabledFor(logging.DEBUG)
         delivered: collections.Counter[str] = collections.Counter()
-        items, removed = done
-        for h in items:
-            m = h.message
-            if m.key is not None and m.id not in removed:
-                self._lost(m, "ack")  # the current holder's delivery goes on
-                continue
-            h.acked = True
-            reason = dropped.get(m.id) if dropped else None
-            if reason is None:
-                delivered[m.topic] += 1
-                if debug:
-                    log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
-            else:
-                self.metrics.dropped.labels(self.metrics.label(m.topic), reason).inc()
-                log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
+        released = 0
+        for held, outcome in queued:
+            m = held.message
+            match outcome:
+                case Acked():
+                    # An unkeyed message was delivered whoever removed it.
+                    if m.key is not None and m.id not in settled.acked:
+                        self._lost(m, "ack")  # the current holder's delivery goes on
+                        continue
+                    held.acked = True
+                    reason = dropped.get(m.id) if dropped else None
+                    if reason is None:
+                        delivered[m.topic] += 1
+                        if debug:
+                            log.debug(
+                                "acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts
+                            )
+                    else:
+                        self.metrics.dropped.labels(self.metrics.label(m.topic), reason).inc()
+                        log.info(
+                            "message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason
+                        )
+                case Retried() if m.id in settled.retried:
+                    self.metrics.topic(m.topic).retried.inc()
+                    # An uncounted retry: the receiver is down; its handler says so once.
+                    log.log(
+                        logging.WARNING if outcome.counted else logging.DEBUG,
+                        "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
+                        m.id,
+                        m.topic,
+                        m.attempts,
+                        format_duration(outcome.delay),
+                        outcome.reason,
+                    )
+                case Buried() if m.id in settled.buried:
+                    self.metrics.topic(m.topic).buried.inc()
+                    log.error(
+                        "message buried: message=%s topic=%s attempt=%d reason=%s",
+                        m.id,
+                        m.topic,
+                        m.attempts,
+                        outcome.reason,
+                    )
+                case Released() if m.id in settled.released:
+                    released += 1
+                case _:
+                    self._lost(m, _WHAT[type(outcome)])
         for topic, n in delivered.items():  # one increment a topic, not one a message
             self.metrics.topic(topic).delivered.inc(n)
-
-    def _ack_many(self, items: list[Held]) -> Awaitable[set[uuid.UUID]]:
-        ids = [h.message.id for h in items]
-        keyed = [h for h in items if h.message.key is not None]
-        if not keyed:  # the common case: the plain DELETE
-            return self.store.ack_many(ids, keyed=False)
-        followed = all(h.followed for h in keyed)
-        return self.store.ack_many(
-            ids,
-            # Keyed acks are fenced by the lease (see Store.ack_many).
-            tokens=_tokens(keyed),
-            # A followed message's successor is this relay's already: nothing
-            # to unpark behind it.
-            keyed=not followed,
-            # Only a run's acks wait on each other: one flush to disk each
-            # would be most of a hot key's time (see message_ack_run).
-            durable=len(keyed) < len(items) or not followed,
-        )
-
-    async def _retries(self, retries: list[tuple[Held, dt.timedelta, str, bool]]) -> None:
-        await self._fenced(
-            "retry",
-            retries,
-            lambda items: self.store.retry_many(
-                [(h.message, delay, reason) for h, delay, reason, _ in items],
-                now=self.now(),
-                uncounted={h.message.id for h, _, _, counted in items if not counted},
-            ),
-            self._retried,
-        )
-
-    async def _buries(self, buries: list[tuple[Held, str]]) -> None:
-        await self._fenced(
-            "burial",
-            buries,
-            lambda items: self.store.bury_many(
-                [(h.message, reason) for h, reason in items], now=self.now()
-            ),
-            self._buried,
-        )
-
-    async def _fenced(
-        self,
-        what: str,
-        items: list[Outcome],
-        write: Callable[[list[Outcome]], Awaitable[set[uuid.UUID]]],
-        report: Callable[[Outcome], None],
-    ) -> None:
-        """Write fenced outcomes; report those written, count the rest as lost leases."""
-        done = await self._persist(what, items, lambda item: item[0], write)
-        if done is None:
-            return
-        for item in done[0]:
-            if item[0].message.id in done[1]:
-                report(item)
-            else:
-                self._lost(item[0].message, what)
-
-    def _retried(self, item: tuple[Held, dt.timedelta, str, bool]) -> None:
-        held, delay, reason, counted = item
-        m = held.message
-        self.metrics.topic(m.topic).retried.inc()
-        # An uncounted retry means the receiver is down; its handler says so once.
-        log.log(
-            logging.WARNING if counted else logging.DEBUG,
-            "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
-            m.id,
-            m.topic,
-            m.attempts,
-            format_duration(delay),
-            reason,
-        )
-
-    def _buried(self, item: tuple[Held, str]) -> None:
-        m, reason = item[0].message, item[1]
-        self.metrics.topic(m.topic).buried.inc()
-        log.error(
-            "message buried: message=%s topic=%s attempt=%d reason=%s",
-            m.id,
-            m.topic,
-            m.attempts,
-            reason,
-        )
-
-    async def _releases(self, releases: list[Held]) -> None:
-        done = await self._persist(
-            "release",
-            releases,
-            lambda h: h,
-            lambda items: self.store.release([h.message for h in items], self.now()),
-        )
-        if done is None:
-            return
-        items, written = done
-        for h in items:
-            if h.message.id not in written:
-                self._lost(h.message, "release")
-        if len(written):
-            log.info("released %d unfinished messages for another relay", len(written))
+        if released:
+            log.info("released %d unfinished messages for another relay", released)
 
     def _lost(self, m: Message, what: str) -> None:
         self.metrics.topic(m.topic).lease_lost.inc()
@@ -404,46 +309,5 @@ class Settler:
             what,
         )
 
-    async def _persist(
-        self,
-        what: str,
-        items: list[T],
-        held: Callable[[T], Held],
-        write: Callable[[list[T]], Awaitable[R]],
-    ) -> tuple[list[T], R] | None:
-        """``write(items)``, tried again while the store is unavailable and leases last."""
-        wait = _FIRST_WAIT
-        while True:
-            try:
-                return items, await write(items)
-            except StoreUnavailable as exc:
-                if wait == _FIRST_WAIT:
-                    log.warning(
-                        "could not %s %d messages: %s; trying again until their leases end",
-                        what,
-                        len(items),
-                        exc,
-                    )
-                deadline = time.monotonic() + wait
-                alive = [i for i in items if held(i).lease_end > deadline]
-                if len(alive) < len(items):
-                    log.warning(
-                        "could not %s %d messages before their leases ended (%s); "
-                        "another relay will deliver them again",
-                        what,
-                        len(items) - len(alive),
-                        exc,
-                    )
-                if not alive:
-                    return None
-                items = alive
-                await anyio.sleep(wait)
-                wait = min(wait * 2, _RETRY_CEILING)
-            except Exception:
-                log.exception(
-                    "could not %s %d messages; their leases will run out and another "
-                    "relay will deliver them again",
-                    what,
-                    len(items),
-                )
-                return None
+
+_WHAT = {Acked: "ack", Retried: "retry", Buried: "burial", Released: "release"}

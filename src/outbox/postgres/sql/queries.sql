@@ -279,8 +279,12 @@ SELECT * FROM ran ORDER BY topic, key, seq;
 
 -- message_ack_unkeyed --
 -- message_ack_keyed for messages without a key: nothing to fence, nothing to
--- unpark, nothing to return.
-DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]);
+-- unpark. Returns the ids it did not remove (as a rule none: a short answer;
+-- another relay acked them after their lease ran out, or an operator did).
+WITH gone AS (DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]) RETURNING id)
+SELECT CASE WHEN (SELECT count(*) FROM gone) < cardinality(%(ids)b::uuid[]) THEN
+           ARRAY(SELECT i FROM unnest(%(ids)b::uuid[]) AS i WHERE i NOT IN (SELECT id FROM gone))
+       ELSE '{}' END;
 
 -- message_ack_run --
 -- message_ack_keyed for messages of a run, which need no unparking (each ack

@@ -1,0 +1,180 @@
+"""What a relay asks of a store, and what the store answers: records, not flags.
+
+A claim is one :class:`ClaimRequest` answered by one :class:`Claimed`; a
+settlement is a list of outcome values (:class:`Acked`, :class:`Retried`,
+:class:`Buried`, :class:`Released`) answered by one :class:`Settled`. The
+relay decides what to ask (its policy); each backend maps a request to its
+statements in one place (``claim_many`` and ``settle``). A new claim policy is
+a field here, the relay's use of it and each backend's mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+
+from outbox.message import Message
+
+__all__ = [
+    "Acked",
+    "Buried",
+    "ClaimRequest",
+    "Claimed",
+    "Orphans",
+    "Outcome",
+    "Released",
+    "Retried",
+    "Settled",
+    "check_claim",
+]
+
+
+class Orphans(enum.Enum):
+    """What a claim does with orphans: due messages whose earlier lease ran out
+    unsettled (their relay died or stalled)."""
+
+    CLAIM = "claim"
+    """Claim them in their place in line, like any other message (the design's claim)."""
+    LEAVE = "leave"
+    """Leave them, and everything behind them in line, and count them in
+    ``Claimed.orphans``: a relay's batch claim, so the one that kills its relay
+    is found on its own."""
+    ONLY = "only"
+    """Claim only orphans, without counting the attempt an orphan lost while it
+    shared its lease (another message may have been the one that crashed)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimRequest:
+    """One claim: lease up to ``limit`` due messages, earliest due first, for ``lease``.
+
+    Each claimed message gets a fresh lease token and one more attempt;
+    concurrent claims never return the same message.
+    """
+
+    limit: int
+    lease: dt.timedelta
+    now: dt.datetime | None = None
+    """The store's time (None); tests that drive an injected clock pass theirs."""
+    topics: Collection[str] | None = None
+    """Topics claimed freely (None: all)."""
+    caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Topics claimed at most that many each (their maxInFlight headroom)."""
+    orphans: Orphans = Orphans.CLAIM
+    max_bytes: int | None = None
+    """Stop once the payloads taken reach it (the first message is always taken)."""
+    run: int = 0
+    """Of the messages that share a key only the first not yet delivered (the
+    key's head) is claimed; with ``run``, also up to that many of the key's
+    next messages, in order after all heads, while each is due (the caller
+    starts each only once the one before it was acked)."""
+    room: int | None = None
+    """Messages in all, heads and runs (None: ``limit``)."""
+
+    def __post_init__(self) -> None:
+        check_claim(self.lease, self.limit)
+
+
+@dataclasses.dataclass(slots=True)
+class Claimed:
+    """What one claim leased, and how many orphans an ``Orphans.LEAVE`` claim passed."""
+
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    orphans: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Acked:
+    """Delivered: remove it. Unkeyed, whoever holds it; keyed, only under its lease
+    (a stale relay must not end the current holder's delivery early), and the
+    key's next message, if a claim parked it, is unparked with it."""
+
+    message: Message
+    run: bool = False
+    """A run's ack: the relay holds the key's next message (nothing to unpark)
+    and starts it only once this is written, so a settlement of nothing else
+    may be answered before it is flushed to disk (a crash of the database
+    itself may undo it; the key's messages are then delivered again, in order)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Retried:
+    """Failed: due again after ``delay``, keeping ``reason``; fenced by its lease."""
+
+    message: Message
+    delay: dt.timedelta
+    reason: str
+    counted: bool = True
+    """False: the receiver failed, not the message; the attempt is handed back."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buried:
+    """Kept for an operator with ``reason``; fenced by its lease."""
+
+    message: Message
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Released:
+    """Handed back unfinished, due at once, the attempt not counted; fenced by its lease."""
+
+    message: Message
+
+
+Outcome = Acked | Retried | Buried | Released
+
+
+@dataclasses.dataclass(slots=True)
+class Settled:
+    """The ids a settlement wrote, per outcome. A fenced outcome missing here
+    found its lease gone (another claim holds the message, or it is gone): it
+    changed nothing. An ack missing here removed nothing."""
+
+    acked: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    retried: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    buried: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    released: set[uuid.UUID] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(slots=True)
+class Sorted:
+    """A settlement's outcomes by kind, in the order given (for a backend's mapping)."""
+
+    acks: list[Acked] = dataclasses.field(default_factory=list)
+    retries: list[Retried] = dataclasses.field(default_factory=list)
+    burials: list[Buried] = dataclasses.field(default_factory=list)
+    releases: list[Released] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, outcomes: Sequence[Outcome]) -> Sorted:
+        by = cls()
+        for o in outcomes:
+            match o:
+                case Acked():
+                    by.acks.append(o)
+                case Retried():
+                    by.retries.append(o)
+                case Buried():
+                    by.burials.append(o)
+                case Released():
+                    by.releases.append(o)
+        return by
+
+    def only_runs(self) -> bool:
+        """Nothing but a run's acks: the settlement may skip the flush to disk."""
+        return not (self.retries or self.burials or self.releases) and all(
+            a.run and a.message.key is not None for a in self.acks
+        )
+
+
+def check_claim(lease: dt.timedelta, limit: int) -> None:
+    """Reject claim arguments that can only be mistakes."""
+    if lease <= dt.timedelta(0):
+        raise ValueError(f"outbox: lease must be positive, got {lease}")
+    if limit < 1:
+        raise ValueError(f"outbox: limit must be at least 1, got {limit}")
