@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench manifests constraints clean
+.PHONY: demo test lint docs bench manifests constraints clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("outbox-relay needs Python >= 3.11; run with PYTHON=python3.12 (or similar)" if sys.version_info < (3, 11) else 0)'
@@ -26,6 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## docs: build the documentation site into site/, strictly (a broken link fails)
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## bench: throughput, pipeline, latency, producer and claim figures (see BENCHMARKS.md;
 ## bench/table.py, the ten-minute sustained load, runs on its own)
@@ -52,4 +57,4 @@ constraints:
 	rm -rf $(VENV)-image
 
 clean:
-	rm -rf $(VENV) .outbox .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .outbox .mypy_cache .ruff_cache .pytest_cache site

@@ -3,7 +3,7 @@
 What this cannot prove without a cluster: admission (webhooks, the API
 server's own validation of the CRD and defaulting), server-side apply, Helm
 hooks actually running in order, garbage collection of owned objects, and
-that the pods start. The README says so too.
+that the pods start. docs/operators/kubernetes.md says so too.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
         "OutboxRelaysAbsent",
         "OutboxControllerAbsent",
     ]
-    runbooks = (CHART.parents[1] / "docs" / "runbooks.md").read_text().lower()
+    runbooks = (CHART.parents[1] / "docs" / "operators" / "runbooks.md").read_text().lower()
     for r in (r for g in rule["spec"]["groups"] for r in g["rules"]):
         assert {"severity"} <= set(r["labels"])
         assert {"summary", "description", "runbook_url"} <= set(r["annotations"])

@@ -1,4 +1,4 @@
-"""The README's settings table is generated from the settings models; it must not drift."""
+"""The reference pages are generated from the code; they must not drift."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = ROOT / "docs" / "reference" / "settings.md"
 
 
-def test_readme_settings_table_matches_the_settings_models() -> None:
+def test_the_settings_page_matches_the_settings_models() -> None:
     block = re.search(
-        r"<!-- settings:start -->\n(.*?)<!-- settings:end -->", README.read_text(), re.S
+        r"<!-- settings:start -->\n(.*?)<!-- settings:end -->", SETTINGS.read_text(), re.S
     )
-    assert block is not None, "README lacks the settings block"
+    assert block is not None, "docs/reference/settings.md lacks the settings block"
 
     generated = subprocess.run(
         [sys.executable, "-m", "outbox.service.cli", "env", "--markdown"],
@@ -23,13 +24,23 @@ def test_readme_settings_table_matches_the_settings_models() -> None:
         check=True,
     ).stdout
 
-    assert block[1] == generated, "README settings drifted: paste `outbox env --markdown` into it"
+    assert block[1] == generated, "settings drifted: run `python -m tools.reference`"
+
+
+def test_every_reference_page_is_what_the_code_generates() -> None:
+    checked = subprocess.run(
+        [sys.executable, "-m", "tools.reference", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
 
 
 def test_the_documented_grants_are_what_migrate_prints() -> None:
-    doc = (README.parent / "docs" / "postgres.md").read_text()
+    doc = (ROOT / "docs" / "postgres" / "production.md").read_text()
     block = re.search(r"<!-- grants:start -->\n```sql\n(.*?)```\n<!-- grants:end -->", doc, re.S)
-    assert block is not None, "docs/postgres.md lacks the grants block"
+    assert block is not None, "docs/postgres/production.md lacks the grants block"
     printed = subprocess.run(
         [sys.executable, "-m", "outbox.service.cli", "migrate", "--grants",
          "relay=outbox_relay", "producer=app", "controller=outbox_controller",

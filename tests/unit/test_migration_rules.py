@@ -1,8 +1,8 @@
-"""The rules of docs/migrations.md, checked on every shipped migration (no database).
+"""The rules of docs/design/migrations.md, checked on every shipped migration (no database).
 
 A migration runs while producers insert and old relays claim: a statement that
 takes a strong lock for long, or rewrites the table, stalls every producer
-behind it. What is allowed is listed in docs/migrations.md; this test fails
+behind it. What is allowed is listed in docs/design/migrations.md; this test fails
 for a new migration that breaks a rule, naming the statement.
 """
 

@@ -11,7 +11,7 @@ import pytest
 
 from outbox.service.cli.commands import _parser
 
-RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "operators" / "runbooks.md"
 FILLERS = {
     "<id>": "01a22b06-a96f-716b-930b-cea417edbbcf",
     "<topic>": "mail.login_link",

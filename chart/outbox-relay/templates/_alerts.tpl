@@ -3,12 +3,12 @@ The alert rules of this release: every selector names the release's own jobs
 (the metrics Services, which Prometheus names the scrape jobs after) and
 namespace, so a nameOverride or a second release in another namespace pages
 for itself. The PrometheusRule renders them and k8s/prometheusrule.yaml is
-rendered from the chart. Runbooks: docs/runbooks.md.
+rendered from the chart. Runbooks: docs/operators/runbooks.md.
 */}}
 {{- define "outbox-relay.alertGroups" -}}
 {{- $relays := printf "job=\"%s-metrics\", namespace=\"%s\"" (include "outbox-relay.fullname" .) .Release.Namespace -}}
 {{- $controller := printf "job=\"%s-controller-metrics\", namespace=\"%s\"" (include "outbox-relay.fullname" .) .Release.Namespace -}}
-{{- $runbooks := "https://github.com/outbox-relay/outbox-relay/blob/main/docs/runbooks.md" -}}
+{{- $runbooks := "https://github.com/outbox-relay/outbox-relay/blob/main/docs/operators/runbooks.md" -}}
 - name: outbox-relay
   rules:
     # The buried gauge counts what the table holds, so it catches a topic's

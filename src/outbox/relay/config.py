@@ -88,7 +88,7 @@ class RelayConfig(BaseModel):
         description=(
             "Most payload bytes one relay holds in flight (claims stop short of it; the "
             "first message of a claim is always taken), so large payloads cannot exhaust "
-            "its memory. See the README's memory budget."
+            "its memory. See docs/operators/running.md, 'Memory budget'."
         ),
     )
     max_in_flight: int | None = Field(

@@ -1,0 +1,1 @@
+"""Tools that write the repository's generated files (docs/reference, k8s/)."""
