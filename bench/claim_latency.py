@@ -20,15 +20,13 @@ is started.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import time
 import uuid
 
-from claim_statement import _queries, migrated_at, topics_param
-from server import postgres
+from bench.claim_statement import _queries, migrated_at, topics_param
+from bench.server import arguments, postgres
 
 SERVED, PAUSED = "orders.placed", "billing.invoice"
 BY_TOPIC = 32  # outbox.postgres.store.BY_TOPIC; earlier commits ignore the parameter
@@ -77,9 +75,7 @@ def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: in
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
-    parser.add_argument("--baseline", default="de04ba7")
+    parser = arguments(__doc__, baseline=True)
     parser.add_argument("--paused", type=int, default=200_000)
     parser.add_argument("--topics", type=int, default=1_000)
     parser.add_argument("--claims", type=int, default=300)

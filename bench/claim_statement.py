@@ -13,8 +13,6 @@ is started.
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import subprocess
 import sys
@@ -28,8 +26,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.server import arguments, postgres
 from outbox.postgres.schema import statements
-from server import postgres
 
 REPO = Path(__file__).resolve().parents[1]
 SQL = "src/outbox/postgres/sql"
@@ -136,11 +134,8 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
-    parser.add_argument("--baseline", default="dc36889")
+    parser = arguments(__doc__, rounds=3, baseline=True)
     parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=100, help="rows a claim takes")
     parser.add_argument(
         "--every-topic", action="store_true", help="claim as a relay of every topic does"

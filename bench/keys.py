@@ -33,14 +33,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from server import local_arguments
+from bench.server import arguments
 
 TOPIC = "bench.keys"
 
@@ -221,11 +218,10 @@ async def acks(url: str, n: int, rounds: int = 30) -> dict[str, tuple[float, flo
 
 
 def main() -> int:
-    parser = local_arguments(__doc__)
+    parser = arguments(__doc__, rounds=3, local=True)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--hot", type=int, default=2_000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--interval",
         default="1s",

@@ -26,11 +26,8 @@ from typing import Any
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from keys import TOPIC, Counting, left, stored
-from server import listening, local_arguments
+from bench.keys import TOPIC, Counting, left, stored
+from bench.server import arguments, listening
 
 AMQP = "amqp://127.0.0.1:5672/"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -130,9 +127,8 @@ def _nats_server(folder: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def main() -> int:
-    parser = local_arguments(__doc__)
+    parser = arguments(__doc__, rounds=3, local=True)
     parser.add_argument("--messages", type=int, default=5_000)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         proc, nats_url = _nats_server(folder)

@@ -30,6 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.server import arguments, postgres
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 TOPIC = "bench.latency"
@@ -162,7 +164,7 @@ def _start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
         [*cli, "relay"],
         env={
             **env,
-            "OUTBOX_HANDLERS": "latency:handlers",
+            "OUTBOX_HANDLERS": "bench.latency:handlers",
             "OUTBOX_HTTP_HOST": "127.0.0.1",
             "OUTBOX_HTTP_PORT": str(port),
             "OUTBOX_LOG_LEVEL": "warning",
@@ -188,7 +190,7 @@ def _start_pgqueuer(conninfo: str, receipts: Path, env: dict[str, str]) -> subpr
 
     asyncio.run(install())
     worker = subprocess.Popen(
-        [sys.executable, __file__, "--pgqueuer-consume", conninfo, str(receipts)],
+        [sys.executable, "-m", "bench.latency", "--pgqueuer-consume", conninfo, str(receipts)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -211,11 +213,19 @@ def run(src: Path | None, url: str, rate: float, seconds: float, idle: float) ->
         receipts, commits = Path(tmp) / "receipts", Path(tmp) / "commits"
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
-            "PYTHONPATH": os.pathsep.join([str(src or REPO / "src"), str(BENCH)]),
+            "PYTHONPATH": os.pathsep.join([str(src or REPO / "src"), str(REPO)]),
             "OUTBOX_DATABASE_URL": conninfo,
             "LATENCY_RECEIPTS": str(receipts),
         }
-        producer = [sys.executable, __file__, "--produce", conninfo, str(rate), str(seconds)]
+        producer = [
+            sys.executable,
+            "-m",
+            "bench.latency",
+            "--produce",
+            conninfo,
+            str(rate),
+            str(seconds),
+        ]
         if src is None:
             relay = _start_pgqueuer(conninfo, receipts, env)
             producer[2] = "--pgqueuer-produce"
@@ -248,9 +258,7 @@ def run(src: Path | None, url: str, rate: float, seconds: float, idle: float) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
-    parser.add_argument("--baseline", default="7be88ab")
+    parser = arguments(__doc__, baseline=True)
     parser.add_argument("--rate", type=float, default=200)
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--idle", type=float, default=10, help="seconds of idle CPU to measure")
@@ -269,8 +277,7 @@ def main() -> int:
     if args.pgqueuer_consume:
         pgqueuer_consume(*args.pgqueuer_consume)
         return 0
-    from pipeline import export
-    from server import postgres
+    from bench.pipeline import export
 
     with postgres(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
         systems: dict[str, Path | None] = {

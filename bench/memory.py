@@ -19,7 +19,6 @@ is started.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import socket
@@ -36,8 +35,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench.server import arguments, postgres
 from outbox.postgres import migrate
-from server import postgres
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +75,7 @@ def relay(conninfo: str, until: str, **env: str) -> float:
         OUTBOX_HTTP_PORT=str(port),
         OUTBOX_INTERVAL="100ms",
         OUTBOX_LOG_LEVEL="warning",
-        PYTHONPATH=os.pathsep.join([str(REPO / "bench"), environ.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(REPO), environ.get("PYTHONPATH", "")]),
         **env,
     )
     proc = subprocess.Popen([sys.executable, "-m", "outbox.service.cli", "relay"], env=environ)
@@ -99,8 +98,7 @@ def relay(conninfo: str, until: str, **env: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser = arguments(__doc__)
     parser.add_argument("--topics", type=int, default=500)
     parser.add_argument("--payloads", type=int, default=200)
     parser.add_argument("--size", type=int, default=1_000_000)
@@ -130,7 +128,7 @@ def main() -> None:
             held = relay(
                 db,
                 "SELECT count(*) = 0 FROM outbox_messages",
-                OUTBOX_HANDLERS="hold_handler:handlers",
+                OUTBOX_HANDLERS="bench.hold_handler:handlers",
                 BENCH_HOLD=str(args.hold),
             )
     print(f"idle relay: peak RSS {idle:.0f} MiB")

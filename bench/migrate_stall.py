@@ -27,12 +27,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(REPO), str(REPO / "src"), str(BENCH)]
+from bench.pipeline import export
+from bench.server import arguments
 
-from pipeline import export  # noqa: E402
-from server import local_arguments  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BASELINE = "35a5a1d^"
 
@@ -41,7 +39,8 @@ def run(src: Path, url: str, rows: int, producers: int, hold: float) -> dict[str
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
-    from tests.integration.upgrade import earlier_release, writing
+
+    from tools.upgrade import earlier_release, writing
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
@@ -79,11 +78,10 @@ def run(src: Path, url: str, rows: int, producers: int, hold: float) -> dict[str
 
 
 def main() -> int:
-    parser = local_arguments(__doc__)
+    parser = arguments(__doc__, baseline=True, local=True)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--producers", type=int, default=4)
     parser.add_argument("--hold", type=float, default=3.0)
-    parser.add_argument("--baseline", default=BASELINE)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="outbox-baseline-") as tmp:
         systems = {"baseline": export(args.baseline, Path(tmp)), "current": REPO / "src"}

@@ -38,8 +38,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.reference import drain
+from bench.server import arguments, postgres
+
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "bench" / "reference_relay.py"
 BASELINE = "eeecbe5"
 SLOW_SECONDS = 5.0
 WINDOW = 20.0
@@ -221,11 +223,12 @@ def export(ref: str, into: Path) -> Path:
 
 
 def run_system(src: Path, scenario: str, url: str, n: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(REPO)])}
     result = subprocess.run(
         [
             sys.executable,
-            __file__,
+            "-m",
+            "bench.pipeline",
             "--worker",
             scenario,
             "--database-url",
@@ -244,15 +247,9 @@ def run_system(src: Path, scenario: str, url: str, n: int) -> dict[str, Any]:
     return found
 
 
-def reference(url: str, n: int) -> float:
-    result = subprocess.run(
-        [sys.executable, str(REFERENCE), "--database-url", url, "--n", str(n), "--batch", "100"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rate: float = json.loads(result.stdout.strip().splitlines()[-1])["drain_msg_s"]
-    return rate
+def reference(url: str, n: int, workers: int = 1) -> float:
+    """The reference relay's drain of ``n`` messages (bench.reference), msg/s."""
+    return drain(url, n, 100, workers)
 
 
 def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = False) -> None:
@@ -261,7 +258,7 @@ def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = Fal
         print(f"baseline {baseline}; current: the working tree; {n} messages")
         for r in range(rounds):
             got = {name: run_system(src, "drain", url, n) for name, src in systems.items()}
-            ref = reference(url, n) if REFERENCE.exists() else float("nan")
+            ref = reference(url, n)
             base, cur = got["baseline"]["msg_s"], got["current"]["msg_s"]
             cpu = {k: f"{v['cpu_us']:.1f}" if "cpu_us" in v else "?" for k, v in got.items()}
             print(
@@ -303,18 +300,14 @@ def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = Fal
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
-    parser.add_argument("--baseline", default=BASELINE)
+    parser = arguments(__doc__, rounds=2, baseline=True)
     parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--drain-only", action="store_true", help="only the drain rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.database_url, args.messages)))
         return 0
-    from server import postgres
 
     with postgres(args.database_url) as url:
         compare(url, args.baseline, args.messages, args.rounds, args.drain_only)

@@ -21,8 +21,8 @@ BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -33,11 +33,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(REPO), str(REPO / "src"), str(BENCH)]
+from bench.latency import TOPIC, _free_port, _ready
+from bench.server import arguments
 
-from latency import TOPIC, _free_port, _ready  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TROUBLE = {
     "prepared statement": "prepared",
@@ -78,13 +77,15 @@ def route(name: str, direct: str, rate: float, seconds: float, drain: int) -> di
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
-    from tests.integration.pooler import pgbouncer, warm
+
+    from tools.pgbouncer import pgbouncer, warm
 
     db = f"bench_pool_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(direct, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
     own = make_conninfo(direct, dbname=db)
-    pooled = pgbouncer(own) if name.startswith("pgbouncer") else nullcontext(own)
+    binary = shutil.which("pgbouncer") or "pgbouncer"
+    pooled = pgbouncer(own, binary) if name.startswith("pgbouncer") else nullcontext(own)
     try:
         with pooled as url, tempfile.TemporaryDirectory(prefix="outbox-pooler-") as tmp:
             if url != own:
@@ -92,9 +93,9 @@ def route(name: str, direct: str, rate: float, seconds: float, drain: int) -> di
             receipts, log = Path(tmp) / "receipts", Path(tmp) / "relays.log"
             env = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
-                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(BENCH)]),
+                "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
                 "OUTBOX_DATABASE_URL": url,
-                "OUTBOX_HANDLERS": "latency:handlers",
+                "OUTBOX_HANDLERS": "bench.latency:handlers",
                 "OUTBOX_LOG_LEVEL": "info",
                 "LATENCY_RECEIPTS": str(receipts),
             }
@@ -105,7 +106,7 @@ def route(name: str, direct: str, rate: float, seconds: float, drain: int) -> di
             relays = [_relay(env, log) for _ in range(2)]
             time.sleep(2)  # past the start-up's first claims
             commits = [Path(tmp) / f"commits{i}" for i in range(2)]
-            produce = [sys.executable, str(BENCH / "latency.py"), "--produce", url]
+            produce = [sys.executable, "-m", "bench.latency", "--produce", url]
             producers = [
                 subprocess.Popen([*produce, str(rate), str(seconds), str(path)], env=env)
                 for path in commits
@@ -153,11 +154,7 @@ def route(name: str, direct: str, rate: float, seconds: float, drain: int) -> di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("OUTBOX_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-    )  # fmt: skip
+    parser = arguments(__doc__, local=True)
     parser.add_argument("--rate", type=float, default=100, help="commits a second per producer")
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--drain", type=int, default=20_000)

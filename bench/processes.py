@@ -5,7 +5,7 @@ schema; P processes each run ``Relay.run()`` (batch 100, the default
 concurrency and interval) from the moment all are connected until they have
 delivered every message (each counts in shared memory, so the harness costs
 the database nothing) and the last ack is committed. The reference relay
-(../shared/bench/reference_relay.py) drains its own table with --workers 1
+(bench/reference.py) drains its own table with --workers 1
 and 2, and pgqueuer 1.6 (a bench-only dependency: ``pip install -e
 '.[bench]'``) the same N jobs with one and two worker processes at batch 100.
 Prints messages per second and each system's two/one ratio per round.
@@ -18,11 +18,8 @@ is started.
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,11 +29,11 @@ import anyio
 import psycopg
 from prometheus_client import CollectorRegistry
 
+from bench.pipeline import reference
+from bench.server import arguments, postgres
+from bench.throughput import drop_schema, fresh_schema, prefill, schema_conninfo
 from outbox import Message, Relay, RelayConfig
 from outbox.postgres import PostgresStore, connect_pool
-from pipeline import REFERENCE
-from server import postgres
-from throughput import drop_schema, fresh_schema, prefill, schema_conninfo
 
 
 async def _relay(
@@ -161,33 +158,9 @@ def pgqueuer(url: str, n: int, processes: int) -> float:
         drop_schema(url, schema)
 
 
-def reference(url: str, n: int, workers: int) -> float:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REFERENCE),
-            "--database-url",
-            url,
-            "--n",
-            str(n),
-            "--batch",
-            "100",
-            "--workers",
-            str(workers),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rate: float = json.loads(result.stdout.strip().splitlines()[-1])["drain_msg_s"]
-    return rate
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser = arguments(__doc__, rounds=3)
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, help="OUTBOX_CONCURRENCY (default: 8 batches)")
     parser.add_argument("--no-pgqueuer", action="store_true", help="leave pgqueuer 1.6 out")
     args = parser.parse_args()

@@ -27,14 +27,11 @@ is started.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,12 +39,10 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
+from bench.server import arguments, postgres
 from outbox import new_message
 from outbox.postgres import add_sync, migrate, transaction_sync
 from outbox.postgres.producer import insert_params
-from server import postgres
 
 Variant = Callable[[psycopg.Connection[Any], int], None]
 
@@ -118,8 +113,7 @@ def rate(conninfo: str, variant: Variant, clients: int, seconds: float) -> float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser = arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--fillfactor", type=int, choices=range(10, 101), metavar="10-100")
     args = parser.parse_args()

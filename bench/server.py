@@ -45,11 +45,37 @@ def listening(port: int, timeout: float = 10) -> None:
 LOCAL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-def local_arguments(doc: str | None) -> argparse.ArgumentParser:
-    """A bench's parser, described by its docstring's first paragraph, with
-    --database-url (default: OUTBOX_BENCH_DATABASE_URL, else the local PostgreSQL)."""
-    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    parser.add_argument(
-        "--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL", LOCAL)
+def arguments(
+    doc: str | None, *, rounds: int | None = None, baseline: bool = False, local: bool = False
+) -> argparse.ArgumentParser:
+    """A bench's parser, described by its docstring's first paragraph, with the
+    options every bench shares: --database-url (default OUTBOX_BENCH_DATABASE_URL,
+    else an embedded PostgreSQL for the run, or with ``local`` the CI machine's),
+    --rounds (when it has rounds) and --baseline REV (when it compares with the
+    tree at REV: its src/ is exported and run beside the working tree's)."""
+    parser = argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0], prog=f"python -m bench {_name()}"
     )
+    default = os.environ.get("OUTBOX_BENCH_DATABASE_URL", LOCAL if local else None)
+    parser.add_argument(
+        "--database-url", default=default, help="PostgreSQL to run against (default: %(default)s)"
+    )
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds, help="alternating rounds")
+    if baseline:
+        parser.add_argument(
+            "--baseline", default="HEAD", help="the tree compared with (default: HEAD)"
+        )
     return parser
+
+
+def local_arguments(doc: str | None, *, rounds: int | None = None) -> argparse.ArgumentParser:
+    """arguments() against the local PostgreSQL by default."""
+    return arguments(doc, rounds=rounds, local=True)
+
+
+def _name() -> str:
+    import __main__
+
+    spec = getattr(__main__, "__spec__", None)
+    return (spec.name if spec else "").removeprefix("bench.") or "<name>"

@@ -14,7 +14,6 @@ Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -23,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from pipeline import REPO, export
+from bench.pipeline import REPO, export
+from bench.server import arguments
 
 CASES = {
     "outbox --help": ["-m", "outbox.service.cli", "--help"],
@@ -46,9 +44,7 @@ def timed(src: Path, args: list[str], runs: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--baseline", default="HEAD~1")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = arguments(__doc__, rounds=3, baseline=True)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="outbox-baseline-") as tmp:

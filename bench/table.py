@@ -19,9 +19,7 @@ runs without --database-url).
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
-import os
 import sys
 import threading
 import time
@@ -31,10 +29,10 @@ import anyio
 import psycopg
 from prometheus_client import CollectorRegistry
 
+from bench.server import arguments, postgres
+from bench.throughput import drain_rate, drop_schema, fresh_schema, schema_conninfo
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.postgres import PostgresStore, add_sync, connect_pool, transaction_sync
-from server import postgres
-from throughput import drain_rate, drop_schema, fresh_schema, schema_conninfo
 
 STORAGE = (
     "autovacuum_vacuum_scale_factor",
@@ -139,8 +137,7 @@ def sustained(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser = arguments(__doc__)
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--relays", type=int, default=3)

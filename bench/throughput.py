@@ -12,10 +12,8 @@ PostgreSQL. Figures and the command that made them live in BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import time
@@ -28,9 +26,9 @@ from prometheus_client import CollectorRegistry
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from bench.server import arguments, postgres
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from server import postgres
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -153,10 +151,8 @@ def producer_cost(url: str, rounds: int) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", default=os.environ.get("OUTBOX_BENCH_DATABASE_URL"))
+    parser = arguments(__doc__, rounds=2_000)
     parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--rounds", type=int, default=2_000)
     args = parser.parse_args()
 
     with postgres(args.database_url) as url:

@@ -31,16 +31,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from keys import TOPIC, Counting, left, stored
-from server import listening, local_arguments
+from bench.keys import TOPIC, Counting, left, stored
+from bench.server import arguments, listening
 
 
 def _sdk(ratio: float, batch: bool = True) -> Any:
@@ -154,9 +150,8 @@ def floor(ratio: float, n: int) -> float:
 
 
 def main() -> int:
-    parser = local_arguments(__doc__)
+    parser = arguments(__doc__, rounds=3, local=True)
     parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--webhook", action="store_true", help="deliver through the webhook kind")
     parser.add_argument(
         "--ratio", type=float, default=1.0, help="share of traces sampled (producers and relay)"

@@ -1,9 +1,10 @@
-"""A real PgBouncer in transaction mode in front of the test PostgreSQL."""
+"""A real PgBouncer in transaction mode in front of a PostgreSQL (tests and bench/)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -15,16 +16,18 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.integration.process import free_port
-from tests.tools import require
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @contextmanager
-def pgbouncer(postgres_url: str, *, pool_mode: str = "transaction") -> Iterator[str]:
-    """Yield a URL through PgBouncer to ``postgres_url``'s server; every transaction of
-    a client lands on the next server connection (server_round_robin), so what only
-    works in one session fails every time, not now and then."""
-    binary = require("pgbouncer", "pgbouncer")
+def pgbouncer(postgres_url: str, binary: str, *, pool_mode: str = "transaction") -> Iterator[str]:
+    """Yield a URL through PgBouncer (``binary``) to ``postgres_url``'s server; every
+    transaction of a client lands on the next server connection (server_round_robin),
+    so what only works in one session fails every time, not now and then."""
     target = conninfo_to_dict(postgres_url)
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="outbox-pgbouncer-"))

@@ -14,7 +14,7 @@ from outbox import new_message
 from outbox.postgres import add_sync, migrate
 from outbox.postgres.queries import migrations
 from tests.integration.process import count, query, run_outbox, run_outbox_within
-from tests.integration.upgrade import earlier_release, p99, writing
+from tools.upgrade import earlier_release, p99, writing
 
 
 def test_a_held_lock_never_stalls_producers_and_migrate_gives_up_naming_it(

@@ -21,7 +21,7 @@ from outbox import NotInTransaction, new_message
 from outbox.postgres import add, add_sync, migrate, transaction, transaction_sync, wake_sync
 from outbox.postgres.queries import migrations
 from outbox.wake import WAKES
-from tests.integration.upgrade import writing
+from tools.upgrade import writing
 
 pytestmark = pytest.mark.postgres_only
 
