@@ -86,7 +86,7 @@ class Claimed:
     orphans: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Acked:
     """Delivered: remove it. Unkeyed, whoever holds it; keyed, only under its lease
     (a stale relay must not end the current holder's delivery early), and the
@@ -100,7 +100,7 @@ class Acked:
     itself may undo it; the key's messages are then delivered again, in order)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Retried:
     """Failed: due again after ``delay``, keeping ``reason``; fenced by its lease."""
 
@@ -111,7 +111,7 @@ class Retried:
     """False: the receiver failed, not the message; the attempt is handed back."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Buried:
     """Kept for an operator with ``reason``; fenced by its lease."""
 
@@ -119,7 +119,7 @@ class Buried:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Released:
     """Handed back unfinished, due at once, the attempt not counted; fenced by its lease."""
 
@@ -152,24 +152,22 @@ class Sorted:
 
     @classmethod
     def of(cls, outcomes: Sequence[Outcome]) -> Sorted:
-        by = cls()
+        acks = [o for o in outcomes if type(o) is Acked]
+        if len(acks) == len(outcomes):  # as a rule: a round of deliveries
+            return cls(acks)
+        by = cls(acks)
         for o in outcomes:
-            match o:
-                case Acked():
-                    by.acks.append(o)
-                case Retried():
-                    by.retries.append(o)
-                case Buried():
-                    by.burials.append(o)
-                case Released():
-                    by.releases.append(o)
+            if type(o) is Retried:
+                by.retries.append(o)
+            elif type(o) is Buried:
+                by.burials.append(o)
+            elif type(o) is Released:
+                by.releases.append(o)
         return by
 
-    def only_runs(self) -> bool:
-        """Nothing but a run's acks: the settlement may skip the flush to disk."""
-        return not (self.retries or self.burials or self.releases) and all(
-            a.run and a.message.key is not None for a in self.acks
-        )
+    def kinds(self) -> int:
+        """How many kinds of outcome there are."""
+        return bool(self.acks) + bool(self.retries) + bool(self.burials) + bool(self.releases)
 
 
 def check_claim(lease: dt.timedelta, limit: int) -> None:

@@ -166,12 +166,11 @@ class PostgresStore:
         self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
     ) -> Settled:
         by = Sorted.of(outcomes)
-        kinds = sum(map(bool, (by.acks, by.retries, by.burials, by.releases)))
-        if kinds > 1:
+        if by.kinds() > 1:
             return await self._settle_together(by, now)
         settled = Settled()
         if by.acks:
-            settled.acked = await self._acks(by.acks, durable=not by.only_runs())
+            settled.acked = await self._acks(by.acks)
         elif by.retries:
             settled.retried = await self._retries(by.retries, now)
         elif by.burials:
@@ -180,8 +179,8 @@ class PostgresStore:
             settled.released = await self.release([r.message for r in by.releases], now)
         return settled
 
-    async def _acks(self, acks: list[Acked], *, durable: bool) -> set[uuid.UUID]:
-        """The acks of one settlement, by the cheapest statement that does them right."""
+    async def _acks(self, acks: list[Acked]) -> set[uuid.UUID]:
+        """A settlement of acks alone, by the cheapest statement that does them right."""
         ids = [a.message.id for a in acks]
         keyed = [a for a in acks if a.message.key is not None]
         if not keyed:  # the common case: the plain DELETE, unfenced
@@ -189,15 +188,17 @@ class PostgresStore:
             return _removed(ids, kept)
         # Keyed acks are fenced by their leases (see Acked).
         tokens = _tokens(a.message for a in keyed)
-        if not durable and len(ids) == 1:
-            if not tokens:  # never claimed: no lease holds it
-                return set()
-            one = {"id": ids[0], "token": next(iter(tokens))}
-            return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
-        params = {"ids": ids, "tokens": list(tokens)}
-        if not durable:
+        runs = all(a.run for a in keyed)
+        if runs and len(keyed) == len(ids):  # a run's acks alone: no flush to wait for
+            if len(ids) == 1:
+                if not tokens:  # never claimed: no lease holds it
+                    return set()
+                one = {"id": ids[0], "token": next(iter(tokens))}
+                return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
+            params = {"ids": ids, "tokens": list(tokens)}
             return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
-        if all(a.run for a in keyed):  # this relay holds each key's next: nothing to unpark
+        params = {"ids": ids, "tokens": list(tokens)}
+        if runs:  # this relay holds each key's next message: nothing to unpark
             [(kept, _)] = await self.statements.fetch(_ACK_KEYED, params)
         else:
             kept = await self._ack_and_unpark(params)

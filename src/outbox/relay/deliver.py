@@ -169,7 +169,7 @@ class Deliveries:
         except Permanent as exc:
             outcome = Buried(m, clean_reason(f"permanent: {exc.reason}"))
         except Dropped as exc:
-            outcome, dropped = Acked(m, run=held.followed), exc.reason
+            outcome, dropped = Acked(m, held.followed), exc.reason
         except RetryAfter as exc:
             outcome = self._failed(held, route, exc.reason, exc.delay)
         except Unavailable as exc:
@@ -183,7 +183,7 @@ class Deliveries:
             # The handler raised it on its own (a cancelled task inside it).
             outcome = self._failed(held, route, "CancelledError: raised by the handler")
         else:
-            outcome = Acked(m, run=held.followed)
+            outcome = Acked(m, held.followed)
         finally:
             elapsed = time.perf_counter() - started
             if span is None:

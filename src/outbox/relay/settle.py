@@ -78,9 +78,14 @@ class Settler:
         self.now = now
         self.in_flight = in_flight
         self.wake = wake
-        self.queued: list[tuple[Held, Outcome]] = []
+        self.queued: list[Held] = []
+        self.outcomes: list[Outcome] = []
+        """The outcome of each message queued, in step with ``queued``."""
         self.dropped: dict[uuid.UUID, str] = {}
         """Acks of messages a handler dropped, with its reason (counted apart)."""
+        self._delivered: collections.Counter[str] = collections.Counter()
+        self._released = 0
+        self._debug = False
         self._ready: anyio.Event | None = None
         self._lock: anyio.Lock | None = None
         self._closed = False
@@ -94,10 +99,11 @@ class Settler:
         queued for the next round of writes (``dropped``: the handler's reason
         for an ack it dropped)."""
         self.in_flight.decide(held)
-        self.queued.append((held, outcome))
+        self.queued.append(held)
+        self.outcomes.append(outcome)
         if dropped is not None:
             self.dropped[held.message.id] = dropped
-        if not (held.followed and isinstance(outcome, Acked)):
+        if not held.followed or type(outcome) is not Acked:
             self._poke()  # a run's ack is written by its settled() call
 
     def pending(self) -> bool:
@@ -186,117 +192,135 @@ class Settler:
         """Write what is queued, one settlement; put it back if cancelled before
         it was confirmed (a mixed settlement writes all or nothing)."""
         queued, self.queued = self.queued, []
+        outcomes, self.outcomes = self.outcomes, []
         dropped, self.dropped = self.dropped, {}
+        self._debug = log.isEnabledFor(logging.DEBUG)
         try:
-            settled = await self._send(queued)
+            settled, given_up = await self._send(queued, outcomes)
         except BaseException:
             self.queued[:0] = queued
+            self.outcomes[:0] = outcomes
             self.dropped.update(dropped)
             raise
-        if settled is not None:
-            self._report(queued, settled, dropped)
-        for held, _ in queued:
+        in_flight, delivered, debug, wake = self.in_flight, self._delivered, self._debug, False
+        acked = settled.acked if settled is not None else set()
+        for held, outcome in zip(queued, outcomes, strict=True):
+            m = held.message
+            if settled is None or (given_up and m.id in given_up):
+                pass  # not written, and said so
+            elif type(outcome) is Acked and not dropped and (m.key is None or m.id in acked):
+                # A delivered message (an unkeyed one whoever removed it): the
+                # common case, once a message, inline.
+                held.acked = True
+                delivered[m.topic] += 1
+                if debug:
+                    log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
+            else:
+                self._report(held, outcome, settled, dropped)
             held.settled = True
-            if self.in_flight.free(held):
-                m = held.message
-                if held.acked and m.key is not None and not held.followed:
-                    self.wake()  # the ack unparked the key's next message: claim it now
+            if in_flight.free(held) and held.acked and m.key is not None and not held.followed:
+                wake = True  # the ack unparked the key's next message: claim it now
+        if settled is not None:
+            self._counted()
+        if wake:
+            self.wake()
 
-    async def _send(self, queued: list[tuple[Held, Outcome]]) -> Settled | None:
+    async def _send(
+        self, queued: list[Held], outcomes: list[Outcome]
+    ) -> tuple[Settled | None, set[uuid.UUID]]:
         """``store.settle``, sent again while the store is unavailable and the
-        leases last; None once it is given up (logged: another relay will
-        deliver the messages again)."""
+        leases last; None once it is given up, with the ids given up on (each
+        logged: another relay will deliver them again)."""
         wait = _FIRST_WAIT
-        items = queued
+        given_up: set[uuid.UUID] = set()
         while True:
             try:
-                return await self.store.settle([o for _, o in items], now=self.now())
+                return await self.store.settle(outcomes, now=self.now()), given_up
             except StoreUnavailable as exc:
                 if wait == _FIRST_WAIT:
                     log.warning(
                         "could not settle %d messages: %s; trying again until their leases end",
-                        len(items),
+                        len(outcomes),
                         exc,
                     )
                 deadline = time.monotonic() + wait
-                alive = [i for i in items if i[0].lease_end > deadline]
-                if len(alive) < len(items):
+                alive = [
+                    (h, o) for h, o in zip(queued, outcomes, strict=True) if h.lease_end > deadline
+                ]
+                if len(alive) < len(outcomes):
                     log.warning(
                         "could not settle %d messages before their leases ended (%s); "
                         "another relay will deliver them again",
-                        len(items) - len(alive),
+                        len(outcomes) - len(alive),
                         exc,
                     )
+                    given_up.update(h.message.id for h in queued if h.lease_end <= deadline)
                 if not alive:
-                    return None
-                items = alive
+                    return None, given_up
+                queued, outcomes = [h for h, _ in alive], [o for _, o in alive]
                 await anyio.sleep(wait)
                 wait = min(wait * 2, _RETRY_CEILING)
             except Exception:
                 log.exception(
                     "could not settle %d messages; their leases will run out and another "
                     "relay will deliver them again",
-                    len(items),
+                    len(outcomes),
                 )
-                return None
+                return None, given_up
 
     def _report(
-        self, queued: list[tuple[Held, Outcome]], settled: Settled, dropped: dict[uuid.UUID, str]
+        self, held: Held, outcome: Outcome, settled: Settled, dropped: dict[uuid.UUID, str]
     ) -> None:
-        """Log and count what was written; a fenced outcome not written lost its lease."""
-        debug = log.isEnabledFor(logging.DEBUG)
-        delivered: collections.Counter[str] = collections.Counter()
-        released = 0
-        for held, outcome in queued:
-            m = held.message
-            match outcome:
-                case Acked():
-                    # An unkeyed message was delivered whoever removed it.
-                    if m.key is not None and m.id not in settled.acked:
-                        self._lost(m, "ack")  # the current holder's delivery goes on
-                        continue
-                    held.acked = True
-                    reason = dropped.get(m.id) if dropped else None
-                    if reason is None:
-                        delivered[m.topic] += 1
-                        if debug:
-                            log.debug(
-                                "acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts
-                            )
-                    else:
-                        self.metrics.dropped.labels(self.metrics.label(m.topic), reason).inc()
-                        log.info(
-                            "message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason
-                        )
-                case Retried() if m.id in settled.retried:
-                    self.metrics.topic(m.topic).retried.inc()
-                    # An uncounted retry: the receiver is down; its handler says so once.
-                    log.log(
-                        logging.WARNING if outcome.counted else logging.DEBUG,
-                        "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
-                        m.id,
-                        m.topic,
-                        m.attempts,
-                        format_duration(outcome.delay),
-                        outcome.reason,
-                    )
-                case Buried() if m.id in settled.buried:
-                    self.metrics.topic(m.topic).buried.inc()
-                    log.error(
-                        "message buried: message=%s topic=%s attempt=%d reason=%s",
-                        m.id,
-                        m.topic,
-                        m.attempts,
-                        outcome.reason,
-                    )
-                case Released() if m.id in settled.released:
-                    released += 1
-                case _:
-                    self._lost(m, _WHAT[type(outcome)])
-        for topic, n in delivered.items():  # one increment a topic, not one a message
+        """Log and count one written outcome; a fenced one not written lost its lease."""
+        m = held.message
+        if type(outcome) is Acked:  # once a delivered message: the cheap test first
+            # An unkeyed message was delivered whoever removed it.
+            if m.key is not None and m.id not in settled.acked:
+                self._lost(m, "ack")  # the current holder's delivery goes on
+                return
+            held.acked = True
+            reason = dropped.get(m.id) if dropped else None
+            if reason is None:
+                self._delivered[m.topic] += 1
+                if self._debug:
+                    log.debug("acked message=%s topic=%s attempt=%d", m.id, m.topic, m.attempts)
+            else:
+                self.metrics.dropped.labels(self.metrics.label(m.topic), reason).inc()
+                log.info("message dropped: message=%s topic=%s reason=%s", m.id, m.topic, reason)
+        elif type(outcome) is Retried and m.id in settled.retried:
+            self.metrics.topic(m.topic).retried.inc()
+            # An uncounted retry: the receiver is down; its handler says so once.
+            log.log(
+                logging.WARNING if outcome.counted else logging.DEBUG,
+                "delivery failed: message=%s topic=%s attempt=%d retry_in=%s error=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                format_duration(outcome.delay),
+                outcome.reason,
+            )
+        elif type(outcome) is Buried and m.id in settled.buried:
+            self.metrics.topic(m.topic).buried.inc()
+            log.error(
+                "message buried: message=%s topic=%s attempt=%d reason=%s",
+                m.id,
+                m.topic,
+                m.attempts,
+                outcome.reason,
+            )
+        elif type(outcome) is Released and m.id in settled.released:
+            self._released += 1
+        elif type(outcome) is not Acked:
+            self._lost(m, _WHAT[type(outcome)])
+
+    def _counted(self) -> None:
+        """Count a round's deliveries, one increment a topic, not one a message."""
+        for topic, n in self._delivered.items():
             self.metrics.topic(topic).delivered.inc(n)
-        if released:
-            log.info("released %d unfinished messages for another relay", released)
+        self._delivered.clear()
+        if self._released:
+            log.info("released %d unfinished messages for another relay", self._released)
+            self._released = 0
 
     def _lost(self, m: Message, what: str) -> None:
         self.metrics.topic(m.topic).lease_lost.inc()
