@@ -933,6 +933,8 @@ FROM pg_locks AS l
 JOIN pg_stat_activity AS a ON a.pid = l.pid
 LEFT JOIN pg_class AS c ON c.oid = l.relation
 WHERE l.pid <> pg_backend_pid() AND l.granted
+  -- This database's: another database's outbox on the same server blocks nothing here.
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND (c.relname LIKE 'outbox\_%%' OR (l.locktype = 'advisory'
        AND ((l.classid::bigint << 32) | l.objid::bigint) = %(lock)s::bigint))
 ORDER BY 1

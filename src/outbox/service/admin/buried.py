@@ -28,8 +28,9 @@ async def list_buried(
     within: dt.timedelta | None,
     limit: int,
     output: str,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> None:
+    out = out or sys.stdout  # the stream of now, not of import time
     found = await store.list_buried(topic=topic, within=within, limit=limit)
     if output == "json":
         print_json([as_json(s) for s in found], out)
@@ -58,8 +59,9 @@ async def show(
     *,
     payload: bool,
     output: str,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> None:
+    out = out or sys.stdout  # the stream of now, not of import time
     s = await store.get(message_id)
     if output == "json":
         print_json(as_json(s, payload=payload), out, ascii_only=False)
@@ -100,13 +102,14 @@ async def requeue(
     topic: str | None,
     dry_run: bool,
     yes: bool,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Requeue what the selection names; return how many were (or would be) requeued.
 
     Requeued messages are due at the database's time, not this machine's.
     """
+    out, err = out or sys.stdout, err or sys.stderr  # the streams of now, not of import time
     if ids is not None:
         states = {}
         for i in ids:
@@ -134,9 +137,10 @@ async def purge(
     topic: str | None,
     dry_run: bool,
     yes: bool,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> int:
     """Delete messages buried longer than ``older_than`` ago (the database's time)."""
+    out = out or sys.stdout  # the stream of now, not of import time
     age = format_duration(older_than)
     count = await store.purge_buried(older_than, topic=topic, dry_run=True)
     if dry_run:

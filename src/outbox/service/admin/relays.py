@@ -21,8 +21,9 @@ def serving_relays(relays: Sequence[RelayInfo]) -> dict[str, int]:
     return counts
 
 
-async def relays_list(store: Operator, *, output: str, out: TextIO = sys.stdout) -> None:
+async def relays_list(store: Operator, *, output: str, out: TextIO | None = None) -> None:
     """The live relays and what each serves, so disagreements between them show."""
+    out = out or sys.stdout  # the stream of now, not of import time
     found = await store.relays()
     if output == "json":
         rows_json = [

@@ -18,8 +18,9 @@ from outbox.store import Store, TopicSettings
 __all__ = ["DEFAULT", "checked", "governed", "topics_list", "topics_set"]
 
 
-async def topics_list(store: Store[Any], *, output: str, out: TextIO = sys.stdout) -> None:
+async def topics_list(store: Store[Any], *, output: str, out: TextIO | None = None) -> None:
     """The registry with each topic's backlog (topics with messages but no entry too)."""
+    out = out or sys.stdout  # the stream of now, not of import time
     entries = await store.topics()
     stats = {s.topic: s for s in await store.topic_stats()}
     names = sorted(set(entries) | set(stats))
@@ -89,7 +90,7 @@ async def topics_set(
     now: dt.datetime,
     *,
     lease: dt.timedelta,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     force: bool = False,
     kinds: Mapping[str, HandlerKind] | None = None,
     **changes: Any,
@@ -102,6 +103,7 @@ async def topics_set(
     relays could not deliver it. An entry an OutboxTopic governs is refused
     unless ``force``.
     """
+    out = out or sys.stdout  # the stream of now, not of import time
     current = (await store.topics()).get(topic) or TopicSettings(topic)
     governed(current, force=force)
     fields: dict[str, Any] = {

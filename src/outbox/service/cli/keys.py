@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     return with_store(show, args)
 
 
-def write(found: list[BlockedKey], output: str, out: TextIO = sys.stdout) -> None:
+def write(found: list[BlockedKey], output: str, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # the stream of now, not of import time
     if output == "json":
         rows = [
             {
