@@ -18,9 +18,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.signin
 
-## test: install, then lint, type-check and run the whole suite
+## test: install, then lint, type-check and run the whole suite (PYTEST_WORKERS processes
+## side by side, a test file each at a time, each with a database of its own;
+## PYTEST_WORKERS=0 runs it in one)
+PYTEST_WORKERS ?= 4
 test: lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -33,15 +36,15 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## bench: throughput, pipeline, latency, producer and claim figures (see BENCHMARKS.md;
-## bench/table.py, the ten-minute sustained load, runs on its own)
+## python -m bench table, the ten-minute sustained load, runs on its own; python -m bench lists all)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
-	$(BIN)/python bench/throughput.py
-	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/processes.py
-	$(BIN)/python bench/latency.py
-	$(BIN)/python bench/producers.py
-	$(BIN)/python bench/claim_latency.py
+	$(BIN)/python -m bench throughput
+	$(BIN)/python -m bench pipeline
+	$(BIN)/python -m bench processes
+	$(BIN)/python -m bench latency
+	$(BIN)/python -m bench producers
+	$(BIN)/python -m bench claim_latency
 
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)

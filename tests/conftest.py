@@ -59,19 +59,43 @@ def _docker_postgres() -> Iterator[str] | None:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A PostgreSQL server URL for the whole session."""
+    """A PostgreSQL server URL for the whole session (a database of each pytest-xdist
+    worker's own: LISTEN/NOTIFY channels are per database)."""
     url = os.environ.get("OUTBOX_TEST_DATABASE_URL")
     if url:
-        yield url
+        yield from _own_database(url)
         return
     container = _docker_postgres()
     if container is not None:
-        yield from container
+        for found in container:
+            yield from _own_database(found)
         return
     with tempfile.TemporaryDirectory(prefix="outbox-test-") as tmp:
         os.chmod(tmp, 0o755)  # as root, the server runs as its own user
         with EmbeddedPostgres(Path(tmp) / "pgdata", delete=True) as server:
             yield server.url
+
+
+def _own_database(url: str) -> Iterator[str]:
+    """``url`` itself, or under pytest-xdist a database of this worker's own on its
+    server (dropped afterwards), so workers never hear each other's wake-ups."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        yield url
+        return
+    name = f"{conninfo_to_dict(url).get('dbname') or 'postgres'}_{worker}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(url, dbname=name)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 @contextmanager

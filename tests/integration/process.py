@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -57,6 +60,42 @@ def run_outbox_within(
         timeout=timeout,
         check=False,
     )
+
+
+def run_outbox_here(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    """Run ``outbox ARGS`` in this process, as run_outbox does in a new one: the
+    environment is this process's without OUTBOX_* plus ``settings``; stdout and
+    stderr are captured; the exit code is what the console script returns. An
+    exception the command does not turn into its one line (a traceback) raises.
+
+    For the many cases that check one line of output: a new interpreter costs
+    about a second each. What a command changes in the process (the root
+    logger, hidden secrets, the environment) is put back.
+    """
+    from outbox.message import max_payload
+    from outbox.service import cli, logs
+
+    environ, root = dict(os.environ), logging.getLogger()
+    handlers, level, hidden = root.handlers[:], root.level, set(logs._hidden)
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(outbox_env(**settings))
+    max_payload.cache_clear()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as exc:  # argparse's usage errors and --help
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        max_payload.cache_clear()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logs._hidden.clear()
+        logs._hidden.update(hidden)
+    return subprocess.CompletedProcess(["outbox", *args], code, out.getvalue(), err.getvalue())
 
 
 def wait_until(what: str, predicate: Callable[[], bool], timeout: float = 30) -> None:

@@ -24,7 +24,7 @@ from outbox import Message, NotInTransaction, new_message
 from outbox.postgres import PostgresStore, add_sync, connect_pool, migrate
 from outbox.store import TopicSettings
 from tests.conftest import fresh_schema
-from tests.integration.process import run_outbox, run_outbox_within
+from tests.integration.process import run_outbox, run_outbox_here, run_outbox_within
 
 pytestmark = pytest.mark.postgres_only
 
@@ -297,10 +297,39 @@ def prog(args: tuple[str, ...]) -> str:
 COMMANDS = {"relay", "migrate", "controller", "buried", "topics", "relays", "env"}
 
 
+def _first_of_each_command() -> list[tuple[tuple[str, ...], dict[str, str], int, str]]:
+    """A case of each command (and of each subcommand), to run as a real process."""
+    seen: dict[str, Any] = {}
+    for case in CLI:
+        seen.setdefault(" ".join(case[0][:2]), case)
+    return list(seen.values())
+
+
+REAL = _first_of_each_command()
+
+
 @pytest.mark.parametrize(("args", "env", "code", "line"), CLI, ids=[_id(c) for c in CLI])
 def test_the_command_line_says_what_is_wrong_in_one_line(
     seeded: str, args: tuple[str, ...], env: dict[str, str], code: int, line: str
 ) -> None:
+    before = snapshot(seeded)
+
+    result = run_outbox_here(*args, OUTBOX_DATABASE_URL=seeded, **env)
+
+    assert (result.returncode, result.stdout) == (code, ""), result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{prog(args)}: ")
+    assert line in lines[0]
+    assert snapshot(seeded) == before
+
+
+@pytest.mark.parametrize(("args", "env", "code", "line"), REAL, ids=[_id(c) for c in REAL])
+def test_a_real_outbox_process_says_it_in_one_line_too(
+    seeded: str, args: tuple[str, ...], env: dict[str, str], code: int, line: str
+) -> None:
+    # The cases above run in this process; one of each command runs as the
+    # console script a user starts, so nothing differs between the two.
     before = snapshot(seeded)
 
     result = run_outbox_within(30, *args, OUTBOX_DATABASE_URL=seeded, **env)

@@ -1,4 +1,5 @@
-"""`outbox buried` as an operator runs it: a subprocess against a real PostgreSQL."""
+"""`outbox buried` as an operator runs it, against a real PostgreSQL: in this process,
+and as the real console script where it matters (what it prints and exits with)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from tests.integration.process import query, run_outbox, run_outbox_within
+from tests.integration.process import query, run_outbox, run_outbox_here, run_outbox_within
 from tests.tools import require_library
 
 NOW = dt.datetime.now(dt.UTC)
@@ -45,8 +46,10 @@ class Buried:
 
         anyio.run(setup)
 
-    def run(self, *args: str) -> tuple[int, str, str]:
-        result = run_outbox("buried", *args, OUTBOX_DATABASE_URL=self.conninfo)
+    def run(self, *args: str, real: bool = False) -> tuple[int, str, str]:
+        """``outbox buried ARGS`` in this process, or with ``real`` as a process of its own."""
+        run = run_outbox if real else run_outbox_here
+        result = run("buried", *args, OUTBOX_DATABASE_URL=self.conninfo)
         return result.returncode, result.stdout, result.stderr
 
     def state(self, m: Message) -> dict[str, object]:
@@ -73,7 +76,7 @@ def buried(pg_conninfo: str) -> Buried:
 
 
 def test_list_is_newest_first_aligned_and_shortens_errors(buried: Buried) -> None:
-    code, out, _ = buried.run("list")
+    code, out, _ = buried.run("list", real=True)
 
     assert code == 0
     lines = out.splitlines()
@@ -114,7 +117,7 @@ def test_show_hides_the_payload_unless_asked(buried: Buried) -> None:
     assert CODE not in out
     assert "--payload shows it" in out
 
-    code, out, _ = buried.run("show", str(buried.old.id), "--payload")
+    code, out, _ = buried.run("show", str(buried.old.id), "--payload", real=True)
     assert code == 0
     assert f'"code": "{CODE}"' in out
 

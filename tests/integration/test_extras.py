@@ -36,9 +36,19 @@ EXTRAS = (
 
 @pytest.fixture(scope="module")
 def venvs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """One fresh venv per extra, made side by side; each holds outbox-relay[extra]."""
+    """One fresh venv per extra, made side by side; each holds outbox-relay[extra],
+    installed from one wheel built once (as a user installs it from PyPI)."""
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
     root = tmp_path_factory.mktemp("extras")
+    built = subprocess.run(
+        [uv, "build", "-q", "--wheel", "-o", str(root / "dist"), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    [wheel] = (root / "dist").glob("outbox_relay-*.whl")
 
     def make(extra: str) -> Path:
         where = root / extra
@@ -51,7 +61,7 @@ def venvs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
                 "-q",
                 "-p",
                 str(where / "bin" / "python"),
-                f"{REPO}[{extra}]" if extra != "core" else str(REPO),
+                f"{wheel}[{extra}]" if extra != "core" else str(wheel),
             ],
             capture_output=True,
             text=True,

@@ -26,8 +26,8 @@ TOPIC = "orders.events"
 
 async def _waiting_on_a_lock(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
     cur = await conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_messages%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_messages%'"
     )
     row = await cur.fetchone()
     return bool(row and row[0])

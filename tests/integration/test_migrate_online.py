@@ -96,7 +96,11 @@ def test_behind_a_transaction_pooler_migrate_refuses_before_it_locks_anything(
         result = run_outbox("migrate", "--wait", "5s", OUTBOX_DATABASE_URL=pooled)
 
     tables = count(scratch_db, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'outbox%'")
-    locks = count(scratch_db, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+    locks = count(
+        scratch_db,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
     if pool_mode == "session":
         assert result.returncode == 0, result.stderr
         assert tables == 6

@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 
-from tests.integration.process import run_outbox
+from tests.integration.process import run_outbox, run_outbox_here
 
 RELAY = {"OUTBOX_LOG_TOPICS": "orders.placed"}  # a relay that would start, but for the URL
 PASSWORDS = ["Pa55 w0rdTail", "it's\"Quoted9", "p@ss@Word77", "100%Sure99", "mix @%' \"End42"]
@@ -39,7 +39,10 @@ def _pieces(password: str) -> set[str]:
 def test_a_database_url_error_never_quotes_the_password(password: str, form: str) -> None:
     command = ("relay",) if form.startswith("url") else ("buried", "list")
 
-    result = run_outbox(*command, OUTBOX_DATABASE_URL=_forms(password)[form], **RELAY)
+    # In this process (a new interpreter a case costs a second); one form of the
+    # first password as the real console script.
+    run = run_outbox if password == PASSWORDS[0] else run_outbox_here
+    result = run(*command, OUTBOX_DATABASE_URL=_forms(password)[form], **RELAY)
 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

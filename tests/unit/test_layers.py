@@ -15,6 +15,7 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,22 @@ def printed_by(probe: str) -> object:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     return json.loads(result.stdout)
+
+
+def test_the_benchmarks_stand_on_their_own() -> None:
+    """bench/ runs from a clone: it imports nothing from tests/, reads nothing from
+    outside the repository, and is no part of the wheel."""
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted((root / "bench").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            assert not [n for n in names if n.split(".")[0] == "tests"], f"{path.name}: {names}"
+        assert '"shared"' not in path.read_text(), f"{path.name} reads outside the repository"
+    wheel = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    assert wheel["targets"]["wheel"]["packages"] == ["src/outbox"]
