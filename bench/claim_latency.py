@@ -12,7 +12,7 @@ table. Cases:
 
 Prints the median and p95 of --claims claims per case.
 
-    python bench/claim_latency.py [--database-url URL] [--baseline REF]
+    python -m bench claim_latency [--database-url URL] [--baseline REF]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.

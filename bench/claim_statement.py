@@ -5,7 +5,7 @@ a loop that claims 100 (--limit) and acks the batch claimed four claims earlier 
 rows are in flight, as with a relay's default concurrency) until the table is
 empty. Prints messages per second per round, side by side.
 
-    python bench/claim_statement.py [--database-url URL] [--baseline REF]
+    python -m bench claim_statement [--database-url URL] [--baseline REF]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.

@@ -1,4 +1,4 @@
-"""OUTBOX_HANDLERS for bench/memory.py: bench.hold's handler keeps each message BENCH_HOLD s."""
+"""OUTBOX_HANDLERS for python -m bench memory: its handler keeps each message BENCH_HOLD s."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ in claims (where a drain's time goes). With
 ``--acks N``: one ack of N claimed messages, unkeyed and keyed, wall and
 relay CPU.
 
-    python bench/keys.py [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
+    python -m bench keys [--database-url URL] [--messages 20000] [--keys 1000] [--hot 2000]
         [--interval 1s] [--statements | --acks 330]
 
 Figures and the command that made them live in BENCHMARKS.md.

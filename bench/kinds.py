@@ -8,7 +8,7 @@ redis kind (XADD to the Redis on 127.0.0.1:6379) and the nats kind (a
 JetStream stream on a nats-server the run starts). Reported: messages per
 second, and each kind over the no-op drain of the same round.
 
-    python bench/kinds.py [--database-url URL] [--messages 5000] [--rounds 3]
+    python -m bench kinds [--database-url URL] [--messages 5000] [--rounds 3]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """

@@ -7,7 +7,7 @@ arrives; a producer that commits one message at a time through
 ``store.begin()`` at a steady rate and notes when each commit returned. Then
 the relay's CPU while nothing arrives.
 
-    python bench/latency.py [--database-url URL] [--baseline REF] [--rate 200] [--seconds 15]
+    python -m bench latency [--database-url URL] [--baseline REF] [--rate 200] [--seconds 15]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started. Figures and the command that made them live in BENCHMARKS.md.

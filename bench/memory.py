@@ -11,7 +11,7 @@ their peak RSS (VmHWM) after each case:
 
 The README's memory budget and the chart's default limits come from these.
 
-    python bench/memory.py [--database-url URL]
+    python -m bench memory [--database-url URL]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.

@@ -10,7 +10,7 @@ lock_timeout and built indexes CONCURRENTLY), in a fresh schema each, in one
 run. Reported: every producer commit during migrate, its max and p99, and
 how long migrate took.
 
-    python bench/migrate_stall.py [--database-url URL] [--rows 1000000] [--baseline REF]
+    python -m bench migrate_stall [--database-url URL] [--rows 1000000] [--baseline REF]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """

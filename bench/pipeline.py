@@ -13,7 +13,7 @@ the same run, so the figures compare (this machine is noisy: read ratios):
   hangs until its 2 s timeout (maxInFlight 4 where the version has it); the
   healthy topics' throughput in both.
 
-    python bench/pipeline.py [--database-url URL] [--baseline REF] [--messages N]
+    python -m bench pipeline [--database-url URL] [--baseline REF] [--messages N]
 
 The baseline (default: the last commit before the pipeline) is exported from
 git into a temporary folder and imported from there in its own processes.
@@ -257,7 +257,10 @@ def compare(url: str, baseline: str, n: int, rounds: int, drain_only: bool = Fal
         systems = {"baseline": export(baseline, Path(tmp)), "current": REPO / "src"}
         print(f"baseline {baseline}; current: the working tree; {n} messages")
         for r in range(rounds):
-            got = {name: run_system(src, "drain", url, n) for name, src in systems.items()}
+            # Each goes first in every other round: what runs second pays for
+            # what the first left behind (dead rows, the checkpoint).
+            order = list(systems.items())[:: 1 if r % 2 == 0 else -1]
+            got = {name: run_system(src, "drain", url, n) for name, src in order}
             ref = reference(url, n)
             base, cur = got["baseline"]["msg_s"], got["current"]["msg_s"]
             cpu = {k: f"{v['cpu_us']:.1f}" if "cpu_us" in v else "?" for k, v in got.items()}

@@ -13,7 +13,7 @@ until the last arrives. Routes:
   server_round_robin), the relays' listener through OUTBOX_LISTEN_URL (direct);
 - pgbouncer-no-listen: the same without OUTBOX_LISTEN_URL (wake-ups off, polling).
 
-    python bench/pooler.py [--database-url URL] [--rate 100] [--seconds 15] [--drain 20000]
+    python -m bench pooler [--database-url URL] [--rate 100] [--seconds 15] [--drain 20000]
 
 Needs Debian's pgbouncer. Figures and the command that made them live in
 BENCHMARKS.md.

@@ -10,7 +10,7 @@ and 2, and pgqueuer 1.6 (a bench-only dependency: ``pip install -e
 '.[bench]'``) the same N jobs with one and two worker processes at batch 100.
 Prints messages per second and each system's two/one ratio per round.
 
-    python bench/processes.py [--database-url URL] [--messages N] [--rounds R]
+    python -m bench processes [--database-url URL] [--messages N] [--rounds R]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.

@@ -15,11 +15,10 @@ time, the transaction an application runs: insert a business row, plus
 At 1, 4 and 8 clients, in a fresh schema. Prints transactions per second and
 each variant's share of plain's.
 
-    python bench/producers.py [--database-url URL] [--seconds 8] [--fillfactor 100]
+    python -m bench producers [--database-url URL] [--seconds 8] [--fillfactor 100]
 
 ``--fillfactor`` sets the outbox table's (a diagnostic: what room left on each
-page for a claim's HOT update would cost the producer; see
-``bench/lease_layouts.py``).
+page for a claim's HOT update would cost the producer; see docs/design/ordering.md).
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) an embedded PostgreSQL
 is started.

@@ -7,7 +7,7 @@ every `outbox` command imports first), `outbox buried list --help`, and
 Reported: the median wall time of ``--runs`` runs of each, in milliseconds,
 and current over baseline.
 
-    python bench/startup.py [--baseline REF] [--rounds 3] [--runs 5]
+    python -m bench startup [--baseline REF] [--rounds 3] [--runs 5]
 
 Figures and the command that made them live in BENCHMARKS.md.
 """

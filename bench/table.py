@@ -11,7 +11,7 @@ parameters and, with --defaults too, once more with PostgreSQL's defaults
 Backlog: one relay process drains 20,000 and then 100,000 messages at batch
 100; messages per second for each (the larger must not be slower per message).
 
-    python bench/table.py [--database-url URL] [--minutes 10] [--defaults]
+    python -m bench table [--database-url URL] [--minutes 10] [--defaults]
 
 Autovacuum must be on in the server (it is in the embedded PostgreSQL that
 runs without --database-url).

@@ -4,7 +4,7 @@ Pre-fills N messages, drains them with a no-op handler from 1 and 2 relay
 processes at batch 10 and 100, and prints messages per second. Then measures
 what ``add`` costs a producer transaction compared with a bare insert.
 
-    python bench/throughput.py [--database-url URL] [--messages N]
+    python -m bench throughput [--database-url URL] [--messages N]
 
 Without --database-url (or OUTBOX_BENCH_DATABASE_URL) it starts an embedded
 PostgreSQL. Figures and the command that made them live in BENCHMARKS.md.

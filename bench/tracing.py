@@ -18,7 +18,7 @@ delivery that does I/O, where the kind also sends the delivery's
 With ``--ratio 0.1``, producers and relay sample a tenth of the traces
 (parent-based, as ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` sets).
 
-    python bench/tracing.py [--database-url URL] [--messages 20000] [--rounds 3] [--webhook]
+    python -m bench tracing [--database-url URL] [--messages 20000] [--rounds 3] [--webhook]
         [--ratio 1.0]
 
 Figures and the command that made them live in BENCHMARKS.md.
