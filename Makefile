@@ -48,7 +48,7 @@ bench: $(STAMP)
 
 ## manifests: regenerate k8s/ from the chart
 manifests: $(STAMP)
-	$(BIN)/python -m tests.chart.render
+	$(BIN)/python -m tools.manifests
 
 ## constraints: pin what the container image installs (constraints.txt), from a fresh venv
 constraints:

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 
-from tests.chart.render import documents, render
 from tests.chart.values import VALUE_SETS
+from tools.manifests import documents, render
 
 
 @pytest.fixture(scope="session", params=sorted(VALUE_SETS))

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from outbox.postgres import migrate
-from tests.chart.render import documents, render
 from tests.integration import recording
 from tests.integration.process import RelayProcess, add_messages, free_port, wait_until
 from tests.tools import require
+from tools.manifests import documents, render
 
 HERE = Path(__file__).parent
 

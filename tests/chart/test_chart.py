@@ -19,9 +19,9 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as prom
 
 from outbox import __name__ as package
-from tests.chart.render import CHART, K8S, documents, plain_manifests, render
 from tests.chart.values import KUBE, VALUE_SETS, by_kind, containers
 from tests.unit.test_crd import valid as valid_outboxtopic
+from tools.manifests import CHART, K8S, documents, plain_manifests, render
 
 
 def test_lint_is_clean() -> None:

@@ -24,9 +24,9 @@ from outbox.service.settings import (
     SmtpSettings,
     variables,
 )
-from tests.chart.render import documents, render
 from tests.chart.values import VALUE_SETS, by_kind, containers
 from tests.tools import require
+from tools.manifests import documents, render
 
 
 def test_relay_fleet_settings_reach_the_pods_and_every_variable_is_a_setting() -> None:

@@ -119,7 +119,7 @@ def test_the_image_installs_every_dependency_at_a_pinned_version() -> None:
 
 
 def test_a_digest_pins_the_image_over_its_tag() -> None:
-    from tests.chart.render import documents, render
+    from tools.manifests import documents, render
 
     digest = "sha256:" + "a" * 64
     docs = documents(render({"image": {"digest": digest, "tag": "moved"}}))

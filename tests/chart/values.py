@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from tests.chart.render import CHART
+from tools.manifests import CHART
 
 KUBE = "1.31.0"
 VALUE_SETS: dict[str, dict[str, Any]] = {

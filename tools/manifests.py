@@ -14,7 +14,7 @@ from typing import Any
 import helm_python
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "chart" / "outbox-relay"
 K8S = ROOT / "k8s"
 
