@@ -29,6 +29,7 @@ from outbox.store import (
     SWEEP_BUDGET,
     BlockedKey,
     RelayInfo,
+    StorageHealth,
     StoredMessage,
     TopicSettings,
     TopicStats,
@@ -374,6 +375,10 @@ class MemoryStore:
             for r in old:
                 del self._rows[r.message.id]
         return len(old)
+
+    async def storage(self) -> StorageHealth:
+        # Nothing dead, nothing held: a removed message is gone at once.
+        return StorageHealth(0.0, 0, 0, 0)
 
     async def topic_stats(
         self, *, max_age: dt.timedelta | None = None, blocked: bool = True

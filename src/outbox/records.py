@@ -11,7 +11,7 @@ from typing import Any
 
 from outbox.message import Message
 
-__all__ = ["RelayInfo", "StoredMessage", "TopicSettings", "TopicStats"]
+__all__ = ["RelayInfo", "StorageHealth", "StoredMessage", "TopicSettings", "TopicStats"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +79,22 @@ class TopicStats:
     None: not measured (a count taken without the key columns)."""
     oldest_blocked: dt.datetime | None = None
     """When the longest of those blocks began."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageHealth:
+    """What the outbox's storage holds, and what holds it back (Operator.storage)."""
+
+    oldest_snapshot_seconds: float
+    """Age of the oldest snapshot holding this database's horizon back, of the
+    sessions (and prepared transactions) the role can see; 0 when none is."""
+    oldest_snapshot_transactions: int
+    """The same in transactions, of every holder the role can see, replication
+    slots and standbys' feedback included."""
+    dead_rows: int
+    """Dead row versions in the outbox's tables, as the statistics last counted."""
+    size_bytes: int
+    """The outbox's tables with their indexes and TOAST."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from typing import Protocol, TypeVar
 
 from outbox.keys import BLOCKED_SCAN, BlockedKey
 from outbox.message import Message
-from outbox.records import RelayInfo, StoredMessage, TopicSettings, TopicStats
+from outbox.records import RelayInfo, StorageHealth, StoredMessage, TopicSettings, TopicStats
 from outbox.requests import (
     Acked,
     Buried,
@@ -66,6 +66,7 @@ __all__ = [
     "Released",
     "Retried",
     "Settled",
+    "StorageHealth",
     "Store",
     "StoredMessage",
     "TopicSettings",
@@ -332,6 +333,12 @@ class Operator(Protocol):
 
     async def relays(self, *, now: dt.datetime | None = None) -> list[RelayInfo]:
         """The live relays, oldest first."""
+        ...
+
+    async def storage(self) -> StorageHealth:
+        """What the storage holds (dead rows, bytes) and the oldest snapshot that
+        keeps it from being vacuumed; read from the database's statistics views,
+        never by scanning the messages."""
         ...
 
 

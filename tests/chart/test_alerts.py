@@ -72,7 +72,7 @@ def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "10 rules found" in result.stdout
+    assert "11 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("release", sorted(RELEASES))

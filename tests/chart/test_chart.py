@@ -177,6 +177,7 @@ def test_monitoring_and_hpa_follow_their_switches() -> None:
         "OutboxBuriedMessagesUnattended",
         "OutboxMessagesDropped",
         "OutboxBacklogStale",
+        "OutboxSnapshotHeld",
         "OutboxKeyBlocked",
         "OutboxDeliveriesFailing",
         "OutboxDatabaseUnreachable",

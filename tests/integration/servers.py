@@ -72,8 +72,9 @@ class Server:
 
 
 @contextmanager
-def primary(*, listen: str = "127.0.0.1") -> Iterator[Server]:
-    """A fresh primary with a database ``test``, stopped and removed afterwards."""
+def primary(*, listen: str = "127.0.0.1", settings: str = "") -> Iterator[Server]:
+    """A fresh primary with a database ``test``, stopped and removed afterwards;
+    ``settings``: lines for its postgresql.conf."""
     require(str(BIN / "initdb"), "postgresql-15")
     folder = Path(tempfile.mkdtemp(prefix="outbox-pg-"))
     shutil.chown(folder, "postgres") if os.geteuid() == 0 else None
@@ -82,6 +83,7 @@ def primary(*, listen: str = "127.0.0.1") -> Iterator[Server]:
         server._run("initdb", "-A", "trust", "-U", "postgres", "-D", str(server.data))
         with (server.data / "postgresql.conf").open("a") as conf:
             conf.write("wal_level = replica\nmax_wal_senders = 4\nwal_keep_size = 256MB\n")
+            conf.write(settings)
         with (server.data / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")
         server.start()

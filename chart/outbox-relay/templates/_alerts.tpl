@@ -73,6 +73,23 @@ rendered from the chart. Runbooks: docs/operators/runbooks.md.
           {{ "{{" }} $value | humanizeDuration {{ "}}" }} old: the topic is paused, its handler
           keeps failing, no relay serves it, or the relays cannot keep up.
         runbook_url: {{ $runbooks }}#outboxbacklogstale
+    # A snapshot held open (a report, pg_dump, a standby's feedback, a session
+    # idle in transaction, a prepared transaction) keeps vacuum from removing
+    # what the outbox deleted: every claim walks past it, and the relays fall
+    # behind after a few minutes at a high rate.
+    - alert: OutboxSnapshotHeld
+      expr: max by (namespace) (outbox_oldest_snapshot_age_seconds{ {{- $relays -}} }) > 300
+      for: 2m
+      labels:
+        severity: warning
+      annotations:
+        summary: "A snapshot held for over 5 minutes keeps the outbox from being vacuumed"
+        description: >-
+          The oldest snapshot in the outbox's database is
+          {{ "{{" }} $value | humanizeDuration {{ "}}" }} old: nothing the relays deleted since
+          it began can be vacuumed, so claims slow down and the tables grow. The runbook's
+          query names the session that holds it.
+        runbook_url: {{ $runbooks }}#outboxsnapshotheld
     # A key's first message is buried (on a topic that blocks) or keeps
     # failing: the key's later messages wait, however healthy the topic looks.
     - alert: OutboxKeyBlocked

@@ -22,6 +22,7 @@ from outbox.store import (
     BLOCKED_SCAN,
     SWEEP_BATCH,
     BlockedKey,
+    StorageHealth,
     StoredMessage,
     TopicSettings,
     TopicStats,
@@ -39,6 +40,7 @@ _BACKLOG_READ = QUERIES["backlog_read"]
 _BACKLOG_MEASURE = QUERIES["backlog_measure"]
 _BACKLOG_MEASURE_BLOCKED = QUERIES["backlog_measure_blocked"]
 _TOPIC_LIST = QUERIES["topic_list"]
+_STORAGE_HEALTH = QUERIES["storage_health"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
 _TOPIC_GOVERN = QUERIES["topic_govern"]
@@ -139,6 +141,10 @@ class OperatorQueries:
 
     async def topics(self) -> dict[str, TopicSettings]:
         return {r[0]: TopicSettings(*r) for r in await self.statements.fetch(_TOPIC_LIST, {})}
+
+    async def storage(self) -> StorageHealth:
+        [(seconds, transactions, dead, size)] = await self.statements.fetch(_STORAGE_HEALTH, {})
+        return StorageHealth(max(seconds, 0.0), transactions, dead, size)
 
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         await self.statements.count(_TOPIC_UPSERT, _topic_params(settings, now))

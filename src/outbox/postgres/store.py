@@ -43,6 +43,7 @@ from outbox.store import (
     SWEEP_BUDGET,
     BlockedKey,
     RelayInfo,
+    StorageHealth,
     StoredMessage,
     TopicSettings,
     TopicStats,
@@ -384,6 +385,9 @@ class PostgresStore:
 
     async def topics(self) -> dict[str, TopicSettings]:
         return await self.operator.topics()
+
+    async def storage(self) -> StorageHealth:
+        return await self.operator.storage()
 
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         await self.operator.set_topic(settings, now)

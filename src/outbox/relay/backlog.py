@@ -1,4 +1,5 @@
-"""Backlog gauges: pending and buried messages and the oldest pending age, by topic.
+"""Backlog gauges: pending and buried messages and the oldest pending age, by topic;
+and the storage's: its size, its dead rows, and the oldest snapshot holding it back.
 
 Counters say what happened; these say what is waiting, so an alert on buried
 messages keeps firing until someone acts, and a stale backlog shows. Each
@@ -91,6 +92,11 @@ class Backlog:
                 else:
                     gauge.remove(name)
         self._seen = {n for n in self._seen | totals.keys() if n in totals or label(n) == n}
+        health = await self.store.storage()  # catalog views: every relay reads its own
+        g.snapshot_age.set(health.oldest_snapshot_seconds)
+        g.snapshot_transactions.set(health.oldest_snapshot_transactions)
+        g.dead_rows.set(health.dead_rows)
+        g.storage_bytes.set(health.size_bytes)
 
     async def run(self, every: dt.timedelta) -> None:
         """Refresh every ``every`` until cancelled; a failing store is logged, not fatal."""

@@ -177,6 +177,10 @@ class BacklogMetrics:
     oldest: Gauge
     blocked: Gauge
     oldest_blocked: Gauge
+    snapshot_age: Gauge
+    snapshot_transactions: Gauge
+    dead_rows: Gauge
+    storage_bytes: Gauge
 
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> BacklogMetrics:
@@ -213,5 +217,29 @@ class BacklogMetrics:
             "outbox_oldest_blocked_key_age_seconds",
             "How long the longest blocked key has waited; 0 when none is.",
             ["topic"],
+            registry=registry,
+        )
+        # The storage, with no label at all: which session holds a snapshot is
+        # the runbook's query, never a label value.
+        self.snapshot_age = Gauge(
+            "outbox_oldest_snapshot_age_seconds",
+            "Age of the oldest snapshot keeping the database from vacuuming what the "
+            "outbox deleted (sessions and prepared transactions the relay's role can see).",
+            registry=registry,
+        )
+        self.snapshot_transactions = Gauge(
+            "outbox_oldest_snapshot_transactions",
+            "Transactions since the oldest snapshot any holder keeps, replication slots "
+            "and standbys' feedback included.",
+            registry=registry,
+        )
+        self.dead_rows = Gauge(
+            "outbox_dead_rows",
+            "Dead row versions in the outbox's tables, as PostgreSQL's statistics last counted.",
+            registry=registry,
+        )
+        self.storage_bytes = Gauge(
+            "outbox_storage_bytes",
+            "Size of the outbox's tables with their indexes and TOAST.",
             registry=registry,
         )

@@ -990,3 +990,31 @@ SELECT c.relname
 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
 WHERE NOT i.indisvalid AND c.relname = ANY(%(names)s)
   AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema());
+
+-- storage_health --
+-- What holds this database's horizon back, and what the outbox holds. A
+-- snapshot holder is a session with a backend_xmin (a transaction in
+-- REPEATABLE READ, pg_dump, one idle in transaction; a standby's feedback
+-- through its walsender), a prepared transaction or a replication slot's
+-- xmin: while one is held, no row deleted after it began can be vacuumed.
+-- Seconds come from those with a start time (sessions, prepared
+-- transactions); transactions from all of them. Sessions of other roles show
+-- no backend_xmin unless the role has pg_read_all_stats (pg_monitor).
+WITH holders AS (
+    SELECT coalesce(xact_start, backend_start) AS since, backend_xmin AS xmin
+    FROM pg_stat_activity
+    WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+      AND (datname = current_database() OR backend_type = 'walsender')
+    UNION ALL
+    SELECT prepared, transaction FROM pg_prepared_xacts WHERE database = current_database()
+    UNION ALL
+    SELECT NULL, xmin FROM pg_replication_slots WHERE xmin IS NOT NULL
+), tables AS (
+    SELECT relid, n_dead_tup FROM pg_stat_user_tables
+    WHERE relname LIKE 'outbox\_%%' AND schemaname = current_schema()
+)
+SELECT coalesce(extract(epoch FROM now() - min(since)), 0)::float8,
+       coalesce(max(age(xmin)), 0)::bigint,
+       (SELECT coalesce(sum(n_dead_tup), 0) FROM tables)::bigint,
+       (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM tables)::bigint
+FROM holders;
