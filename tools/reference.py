@@ -59,10 +59,11 @@ def cli() -> str:
 def metrics() -> str:
     import outbox.controller.handlers
     import outbox.handlers.mail.smtp  # noqa: F401 - registers its metrics
-    from outbox.relay.metrics import RelayMetrics
+    from outbox.relay.metrics import BacklogMetrics, RelayMetrics
 
     registry = CollectorRegistry()
     RelayMetrics.of(registry).label_topics(["t"])
+    BacklogMetrics.of(registry)
     rows = []
     for source, reg in (("relay", registry), ("relay, controller", REGISTRY)):
         # A labelled metric with no child yet has no sample to read its labels from.
