@@ -9,6 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.integration import recording
@@ -202,6 +203,37 @@ def test_a_rolling_deploy_buries_nothing(
         relay.signal(signal.SIGTERM)
         assert relay.wait(15) == 0
     assert count(db, "SELECT count(*) FROM outbox_relays") == 0, "a clean exit leaves no row"
+
+
+def test_two_relays_deliver_everything_once_while_a_report_holds_a_snapshot(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    live = [start(relays, tmp_path, db, OUTBOX_BACKLOG_INTERVAL="200ms") for _ in range(2)]
+    for relay in live:
+        relay.wait_ready()
+    with psycopg.connect(db) as report:  # a report in REPEATABLE READ, open throughout
+        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM outbox_topics").fetchone()
+        ids = [i for _ in range(5) for i in add_messages(db, recording.TOPIC, 400)]
+
+        wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=60)
+        # The relays see the snapshot, and say so without naming its session.
+        wait_until(
+            "the relays to export the held snapshot",
+            lambda: all(
+                sample(r.get("/metrics")[1], "outbox_oldest_snapshot_transactions") >= 5
+                for r in live
+            ),
+            timeout=10,
+        )
+        report.rollback()
+
+    seen = delivered(db)
+    assert set(seen) == set(ids), "a message was lost"
+    assert max(seen.values()) == 1, "a message was delivered twice without a crash"
+    assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
+    metrics = live[0].get("/metrics")[1]
+    assert re.search(r"^outbox_oldest_snapshot_age_seconds \S+$", metrics, re.MULTILINE)
 
 
 def _noted(db: str) -> bool:
