@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.latency import TOPIC, _free_port, _ready
+from bench.latency import TOPIC, _start_relay
 from bench.server import arguments, postgres
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,26 +127,6 @@ def _sample(conninfo: str, t0: float, every: float, until: float, rows: list[Any
             ).fetchone() or (0,)
             rows.append((time.monotonic() - t0, size, dead, pending))
             time.sleep(every)
-
-
-def _start_relay(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    cli = [sys.executable, "-m", "outbox.service.cli"]
-    subprocess.run([*cli, "migrate"], env=env, check=True, capture_output=True)
-    port = _free_port()
-    relay = subprocess.Popen(
-        [*cli, "relay"],
-        env={
-            **env,
-            "OUTBOX_HANDLERS": "bench.latency:handlers",
-            "OUTBOX_HTTP_HOST": "127.0.0.1",
-            "OUTBOX_HTTP_PORT": str(port),
-            "OUTBOX_LOG_LEVEL": "warning",
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _ready(port)
-    return relay
 
 
 def _quantiles(waits: list[float]) -> tuple[float, float]:
