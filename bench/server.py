@@ -75,7 +75,11 @@ def local_arguments(doc: str | None, *, rounds: int | None = None) -> argparse.A
 
 
 def _name() -> str:
+    import sys
+
     import __main__
 
+    if sys.argv[0].startswith("python -m bench "):  # set by python -m bench NAME
+        return sys.argv[0].removeprefix("python -m bench ")
     spec = getattr(__main__, "__spec__", None)
     return (spec.name if spec else "").removeprefix("bench.") or "<name>"
