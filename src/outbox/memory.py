@@ -105,7 +105,7 @@ class MemoryStore:
 
     async def claim_many(self, request: ClaimRequest) -> Claimed:
         now = request.now or self.clock()
-        topics, solo = request.topics, request.orphans is Orphans.ONLY
+        topics, solo, after = request.topics, request.orphans is Orphans.ONLY, request.after
         free = None if topics is None else set(topics)
         left = {t: n for t, n in request.caps.items() if n > 0}
         due = sorted(
@@ -117,6 +117,7 @@ class MemoryStore:
                 and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
+                and (after is None or r.leased_until is not None or r.due_at >= after)
                 and self._keys.heads(r, now)
             ),
             key=lambda r: (r.due_at, r.message.id),
@@ -137,9 +138,10 @@ class MemoryStore:
                 break
             picked.append(row)
             size += len(row.message.payload)
+        ready = [r.due_at for r in picked if r.leased_until is None]  # orphans aside
         token = uuid.uuid4()
         until = now + request.lease
-        claimed = Claimed()
+        claimed = Claimed(last_due=max(ready) if ready else None)
         behind_orphan = False
         for row in picked:
             orphan = row.leased_until is not None

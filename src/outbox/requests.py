@@ -73,6 +73,11 @@ class ClaimRequest:
     starts each only once the one before it was acked)."""
     room: int | None = None
     """Messages in all, heads and runs (None: ``limit``)."""
+    after: dt.datetime | None = None
+    """Claim only messages due from ``after`` on: a low-watermark the caller's
+    earlier claims passed, so that a claim does not walk again what they left
+    behind while a held snapshot keeps it from being vacuumed (None: from the
+    first). Orphans are claimed whatever their due time."""
 
     def __post_init__(self) -> None:
         check_claim(self.lease, self.limit)
@@ -84,6 +89,9 @@ class Claimed:
 
     messages: list[Message] = dataclasses.field(default_factory=list)
     orphans: int = 0
+    last_due: dt.datetime | None = None
+    """The due time of the last message the claim found ready, orphans aside
+    (None: it found none): where the next claim's ``after`` may start."""
 
 
 @dataclasses.dataclass(slots=True)

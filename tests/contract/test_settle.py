@@ -132,3 +132,25 @@ async def test_the_designs_claim_is_the_record_with_its_defaults(store: Store[An
 def test_a_request_that_can_only_be_a_mistake_is_refused(lease: dt.timedelta, limit: int) -> None:
     with pytest.raises(ValueError, match=r"lease must be positive|limit must be at least 1"):
         ClaimRequest(limit=limit, lease=lease)
+
+
+async def test_a_claim_from_a_watermark_passes_what_is_due_before_it_but_not_orphans(
+    store: Store[Any],
+) -> None:
+    early, late = msgs(2)  # due a second apart
+    await add(store, early)
+    await store.claim(T0, LEASE, 1)  # its relay dies: an orphan once the lease ends
+    await add(store, late)
+    fresh = new_message("mail.x", {"n": 9}, T0 + SECOND)
+    await add(store, fresh)
+    now = T0 + LEASE + SECOND
+
+    from_mark = await store.claim_many(
+        ClaimRequest(limit=10, lease=LEASE, now=now, after=T0 + SECOND)
+    )
+
+    # The late one is due before the watermark: passed. The orphan is found anyway.
+    assert {m.id for m in from_mark.messages} == {early.id, fresh.id}
+    assert from_mark.last_due == T0 + SECOND  # the last ready one's, orphans aside
+    [rest] = (await store.claim_many(ClaimRequest(limit=10, lease=LEASE, now=now))).messages
+    assert rest.id == late.id  # a look from the start finds it

@@ -3,14 +3,19 @@ outbox's size and dead rows, never a session's pid or application as a label."""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable
+
+import anyio
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from outbox import new_message
+from outbox import Message, Relay, RelayConfig, new_message
 from outbox.memory import MemoryStore
 from outbox.postgres import PostgresStore, connect_pool, migrate
 from outbox.relay.backlog import Backlog
+from outbox.requests import Claimed, ClaimRequest
 from outbox.store import StorageHealth
 from tests.clock import T0
 from tests.integration.servers import primary
@@ -82,3 +87,64 @@ async def test_a_prepared_transaction_left_behind_is_a_holder_too() -> None:
 
 async def test_the_memory_store_holds_nothing_dead() -> None:
     assert await MemoryStore().storage() == StorageHealth(0.0, 0, 0, 0)
+
+
+async def test_while_a_snapshot_is_held_claims_read_on_from_a_watermark_and_lose_nothing(
+    pg_store: PostgresStore, pg_conninfo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests: list[ClaimRequest] = []
+    claim = pg_store.claim_many
+
+    async def noting(request: ClaimRequest) -> Claimed:
+        requests.append(request)
+        return await claim(request)
+
+    monkeypatch.setattr(pg_store, "claim_many", noting)
+    got: list[Message] = []
+
+    async def handle(m: Message) -> None:
+        got.append(m)
+
+    relay = Relay(
+        pg_store,
+        {"orders.placed": handle},
+        # Any snapshot counts as held.
+        RelayConfig.model_validate({"interval": "50ms", "snapshot_held_after": "0s"}),
+        registry=CollectorRegistry(),
+        backlog=dt.timedelta(milliseconds=50),
+    )
+    now = dt.datetime.now(dt.UTC)
+    with psycopg.connect(pg_conninfo) as report:  # held throughout
+        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM outbox_topics").fetchone()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(relay.run)
+            await until("the relay to see the snapshot", lambda: relay._gauges is not None
+                        and relay._gauges.held)  # fmt: skip
+            first = [new_message("orders.placed", {"n": i}, now) for i in range(50)]
+            head, follower = (
+                new_message("orders.placed", {"n": i}, now, key="order-7") for i in (50, 51)
+            )
+            async with pg_store.begin() as tx:
+                await pg_store.add(tx, *first, head, follower)
+            await until("the first ones", lambda: len(got) >= 52)
+            # A transaction that committed late: its messages are due before the
+            # watermark the claims have passed.
+            late = new_message("orders.placed", {"n": 99}, now - dt.timedelta(hours=1))
+            async with pg_store.begin() as tx:
+                await pg_store.add(tx, late)
+            await until("the late one", lambda: late.id in {m.id for m in got})
+            relay.stop()
+        report.rollback()
+
+    assert sorted(m.json()["n"] for m in got) == [*range(52), 99]
+    assert [m.id for m in got if m.key] == [head.id, follower.id]
+    assert any(r.after is not None for r in requests), "no claim read from a watermark"
+    assert any(r.after is None for r in requests[1:]), "no full look"
+
+
+async def until(what: str, predicate: Callable[[], bool]) -> None:
+    """Wait (at most 10 s) until ``predicate()`` holds."""
+    with anyio.fail_after(10):
+        while not predicate():  # noqa: ASYNC110 - the relay has no event for this
+            await anyio.sleep(0.01)

@@ -33,4 +33,5 @@ def claim_params(request: ClaimRequest, token: uuid.UUID | None) -> dict[str, An
         "isolate": request.orphans is not Orphans.CLAIM,
         "solo": request.orphans is Orphans.ONLY,
         "max_bytes": request.max_bytes,
+        "after": request.after,
     }

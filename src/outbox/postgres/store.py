@@ -140,6 +140,8 @@ class PostgresStore:
         rows = await self.statements.fetch(_CLAIM, claim_params(request, token))
         claimed = Claimed([_claimed(r, token) for r in rows if r[0] is not None])
         claimed.orphans = len(rows) - len(claimed.messages)
+        ready = [r[9] for r in rows if not r[8]]  # the picked rows' due times, orphans aside
+        claimed.last_due = max(ready) if ready else None
         room = (request.limit if request.room is None else request.room) - len(claimed.messages)
         if request.run <= 0 or room <= 0 or request.orphans is Orphans.ONLY:
             return claimed

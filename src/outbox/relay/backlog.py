@@ -26,6 +26,8 @@ __all__ = ["BLOCKED_KEYS", "Backlog"]
 
 BLOCKED_KEYS = 10_000
 """Most blocked keys one refresh counts (outbox keys blocked lists them all)."""
+HELD_TRANSACTIONS = 10_000
+"""A snapshot this many transactions behind is held, whatever its age (Backlog.held)."""
 
 log = logging.getLogger("outbox.relay.backlog")
 
@@ -46,12 +48,18 @@ class Backlog:
         clock: Clock = system_clock,
         registry: CollectorRegistry | None = None,
         label: Callable[[str], str] | None = None,
+        held_after: dt.timedelta = dt.timedelta(seconds=30),
     ) -> None:
         self.store = store
+        self.held_after = held_after
+        """A snapshot this old, or HELD_TRANSACTIONS behind, is held: what is
+        deleted meanwhile stays in the indexes."""
         self.clock = clock
         self.gauges = BacklogMetrics.of(registry)
         self.label = label
         self._seen: set[str] = set()
+        self.held = False
+        """Whether the last refresh found a snapshot held (``held_after``)."""
 
     async def refresh(self, max_age: dt.timedelta | None = None) -> None:
         """Query the store once and set every gauge; topics now empty go to 0.
@@ -97,6 +105,20 @@ class Backlog:
         g.snapshot_transactions.set(health.oldest_snapshot_transactions)
         g.dead_rows.set(health.dead_rows)
         g.storage_bytes.set(health.size_bytes)
+        held = (
+            health.oldest_snapshot_seconds >= self.held_after.total_seconds()
+            or health.oldest_snapshot_transactions >= HELD_TRANSACTIONS
+        )
+        if held != self.held:
+            log.warning(
+                "a snapshot held for %.0fs (%d transactions) keeps the outbox from being "
+                "vacuumed: claims read on from where the last ones stopped"
+                if held
+                else "no snapshot holds the outbox back any more: claims read from the first",
+                health.oldest_snapshot_seconds,
+                health.oldest_snapshot_transactions,
+            )
+        self.held = held
 
     async def run(self, every: dt.timedelta) -> None:
         """Refresh every ``every`` until cancelled; a failing store is logged, not fatal."""

@@ -26,6 +26,13 @@ KEY_RUN = 256
 """Most messages of one key a claim takes after the key's head (handed over in
 turn). Runs take at most half the free slots beside the claim's heads: a hot
 key is a few claims, and one key never fills a relay that has others."""
+WATERMARK_SLACK = dt.timedelta(seconds=2)
+"""While a snapshot is held, a claim reads the ready rows from the due time of
+the last one the claim before found, less this much (see Relay._claim)."""
+FULL_LOOK = 2.0
+"""...and from the first, to find what a watermark passes over (a transaction
+that committed late, a message released or unparked with an old due time), at
+least this often (seconds), and after every ack that unparked a key."""
 CLAIM_WAIT = 15.0
 """Longest a claim may take (PostgresStore bounds its own at 10 s)."""
 STORE_WAIT = 5.0
@@ -106,6 +113,15 @@ class RelayConfig(BaseModel):
         description=(
             "How long a topic no live relay serves waits before its messages are buried "
             "with 'no handler' (covers rolling deploys)."
+        ),
+    )
+    snapshot_held_after: Duration = Field(
+        default=dt.timedelta(seconds=30),
+        ge=dt.timedelta(0),
+        description=(
+            "Age of the oldest snapshot from which claims read on from where the last ones "
+            "stopped (with a look from the first every 2s): what is deleted while a snapshot "
+            "is held stays in the indexes. Seen at each backlog refresh."
         ),
     )
 

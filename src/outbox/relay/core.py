@@ -36,7 +36,14 @@ from outbox.clock import Clock, system_clock
 from outbox.errors import StoreUnavailable
 from outbox.message import validate_topic
 from outbox.relay.backlog import Backlog
-from outbox.relay.config import CLAIM_WAIT, KEY_RUN, STORE_WAIT, RelayConfig
+from outbox.relay.config import (
+    CLAIM_WAIT,
+    FULL_LOOK,
+    KEY_RUN,
+    STORE_WAIT,
+    WATERMARK_SLACK,
+    RelayConfig,
+)
 from outbox.relay.deliver import Deliveries
 from outbox.relay.fleet import Fleet
 from outbox.relay.housekeeping import Housekeeper
@@ -106,7 +113,7 @@ class Relay:
         self.metrics = RelayMetrics.of(registry)
         self._held = held = InFlight()
         self.metrics.in_flight.set_function(lambda: len(held))
-        self.settler = Settler(store, self.metrics, self._store_now, held, wake=self.wake)
+        self.settler = Settler(store, self.metrics, self._store_now, held, wake=self._unparked)
         self.deliveries = Deliveries(
             held, self.settler, self.metrics, stopping=lambda: self._stopping, tracer=tracer
         )
@@ -137,6 +144,11 @@ class Relay:
         self._report_by = math.inf
         self._woke_at = 0.0
         """When (monotonic) an idle relay last claimed for a wake-up."""
+        self._gauges: Backlog | None = None
+        self._mark: dt.datetime | None = None
+        """While a snapshot is held: where the next claim reads the ready rows from."""
+        self._full_at = 0.0
+        """When (monotonic) the next claim reads them from the first again."""
 
     # -- control -----------------------------------------------------------------
 
@@ -249,8 +261,10 @@ class Relay:
                     clock=self._local,
                     registry=self.metrics.registry,
                     label=self.metrics.label,
+                    held_after=self.config.snapshot_held_after,
                 )
                 ears.start_soon(gauges.run, self.backlog)
+                self._gauges = gauges
             try:
                 await self._run()
             finally:
@@ -405,6 +419,7 @@ class Relay:
             caps = {t: cap - self._held.load[t] for t, cap in router.capped.items()}
         if not router.free and not caps:
             return Claimed()
+        after = self._watermark(solo)
         request = ClaimRequest(
             limit=limit,
             lease=self.config.lease,
@@ -417,6 +432,7 @@ class Relay:
             max_bytes=max_bytes,
             run=KEY_RUN,
             room=max(limit, (self.slots - len(self._held)) // 2),  # see KEY_RUN
+            after=after,
         )
         lease_end = time.monotonic() + self._lease
         # A claim is never abandoned midway: cancelled then, its statement may
@@ -429,11 +445,33 @@ class Relay:
                     claimed = await self.store.claim_many(request)
             except TimeoutError:
                 raise StoreUnavailable(f"no claim within {CLAIM_WAIT:g}s") from None
+        if claimed.last_due is not None:
+            mark = claimed.last_due - WATERMARK_SLACK
+            self._mark = mark if after is None or self._mark is None else max(self._mark, mark)
         if claimed.orphans:
             self._orphans = True
         for m in claimed.messages:
             self._held.hold(Held(m, router.routes.get(m.topic), lease_end, solo))
         return claimed
+
+    def _watermark(self, solo: bool) -> dt.datetime | None:
+        """Where a claim reads the ready rows from: the first, unless a snapshot is
+        held. Then every entry of what was claimed and settled since it began
+        stays in the ready index, and a claim from the first would visit each
+        (docs/design/held-snapshots.md): it reads on from where the last one
+        stopped, and from the first at least every FULL_LOOK seconds."""
+        if solo or self._gauges is None or not self._gauges.held:
+            return None
+        if self._mark is not None and time.monotonic() < self._full_at:
+            return self._mark
+        self._full_at = time.monotonic() + FULL_LOOK
+        return None
+
+    def _unparked(self) -> None:
+        """An ack unparked a key's next message, whose due time may be before the
+        watermark: the next claim reads from the first."""
+        self._full_at = 0.0
+        self.wake()
 
     async def _deliver_orphan(self, tg: anyio.abc.TaskGroup | None = None) -> int:
         """Claim one orphan and deliver it alone; return 1, or 0 when none is left."""

@@ -82,15 +82,24 @@ ORDER BY m.n;
 -- (and nothing behind it in line is claimed before it);
 -- a solo claim of an orphan whose lease was shared does not count the lost
 -- attempt: another message may have been the one that crashed.
-WITH clock AS MATERIALIZED (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now
+--
+-- %(after)s (NULL: none) is a low-watermark on the ready rows' order: the
+-- ready index is read from there, so a claim does not walk the entries of
+-- what earlier claims passed, which a held snapshot keeps from being vacuumed
+-- (each is a heap visit that finds nothing). Orphans are found whatever their
+-- due time. The picked rows' due times are returned, for the next watermark.
+-- (t is the statement's time and its watermark, read once; the statement
+-- stays under the 4,096 bytes psycopg caches the parse of.)
+WITH t AS MATERIALIZED (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+           coalesce(%(after)s::timestamptz, '-infinity') AS a
 ),
 ready AS MATERIALIZED (
-    SELECT id, due_at, false AS orphan, false AS lease_solo, octet_length(payload::text) AS size,
+    SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size,
            topic, key, seq
     FROM outbox_messages
     WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
-      AND due_at <= (SELECT now FROM clock)
+      AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
       AND NOT %(solo)s
     ORDER BY due_at, id
@@ -100,14 +109,14 @@ ready AS MATERIALIZED (
 -- The same rows, found topic by topic (%(by_topic)s: a few topics), so rows of
 -- topics not in %(topics)s are never walked; the merge below restores the order.
 ready_by_topic AS MATERIALIZED (
-    SELECT c.id, c.due_at, false AS orphan, false AS lease_solo, c.size, k.topic, c.key, c.seq
+    SELECT c.id, c.due_at, false AS orphan, c.size, k.topic, c.key, c.seq
     FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s
                      THEN string_to_array(%(topics)s::text, ',') END) AS k(topic)
     CROSS JOIN LATERAL (
         SELECT id, due_at, octet_length(payload::text) AS size, key, seq
         FROM outbox_messages
         WHERE buried_at IS NULL AND leased_until IS NULL
-          AND due_at <= (SELECT now FROM clock)
+          AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
           AND topic = k.topic
         ORDER BY due_at, id
         LIMIT %(limit)s
@@ -115,25 +124,25 @@ ready_by_topic AS MATERIALIZED (
     ) AS c
 ),
 orphans AS MATERIALIZED (
-    SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size,
+    SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
            topic, key, seq
     FROM outbox_messages
-    WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
+    WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM t)
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 capped AS MATERIALIZED (
-    SELECT c.id, c.due_at, c.orphan, c.lease_solo, c.size, k.topic, c.key, c.seq
+    SELECT c.id, c.due_at, c.orphan, c.size, k.topic, c.key, c.seq
     FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
     CROSS JOIN LATERAL (
         SELECT * FROM (
-            SELECT id, due_at, false AS orphan, false AS lease_solo,
+            SELECT id, due_at, false AS orphan,
                    octet_length(payload::text) AS size, key, seq
             FROM outbox_messages
             WHERE buried_at IS NULL AND leased_until IS NULL
-              AND due_at <= (SELECT now FROM clock)
+              AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
               AND topic = k.topic
               AND NOT %(solo)s
             ORDER BY due_at, id
@@ -142,10 +151,10 @@ capped AS MATERIALIZED (
         ) AS r
         UNION ALL
         SELECT * FROM (
-            SELECT id, due_at, true AS orphan, lease_solo, octet_length(payload::text) AS size,
+            SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
                    key, seq
             FROM outbox_messages
-            WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM clock)
+            WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM t)
               AND topic = k.topic
             ORDER BY due_at, id
             LIMIT k.n
@@ -187,7 +196,7 @@ behind AS MATERIALIZED (
 -- add up to less than %(max_bytes)s (the first is always taken). The rest
 -- stay unclaimed; their row locks end with the statement.
 picked AS MATERIALIZED (
-    SELECT id, due_at, orphan, lease_solo FROM (
+    SELECT id, due_at, orphan FROM (
         SELECT *, sum(size) OVER (ORDER BY due_at, id) - size AS b
         FROM candidates
         WHERE id NOT IN (SELECT id FROM behind)
@@ -213,10 +222,10 @@ claimed AS (
             ELSE m.attempts + 1
         END,
         leased_until = CASE WHEN m.id IN (SELECT id FROM behind) THEN 'infinity'
-                            ELSE clock.now + %(lease)s END,
+                            ELSE t.now + %(lease)s END,
         lease_token = CASE WHEN m.id NOT IN (SELECT id FROM behind) THEN %(token)s::uuid END,
         lease_solo = %(solo)s AND m.id NOT IN (SELECT id FROM behind)
-    FROM clock
+    FROM t
     WHERE m.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM behind))
       -- Isolating, an orphan is left for a solo claim, and nothing behind it
       -- in line is taken before it is delivered (a parked row is not taken).
@@ -225,7 +234,7 @@ claimed AS (
                SELECT 1 FROM first_orphan AS f WHERE (m.due_at, m.id) > (f.due_at, f.id)))
     RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
 )
-SELECT c.*, p.orphan
+SELECT c.*, p.orphan, p.due_at
 FROM picked AS p
 LEFT JOIN claimed AS c ON c.id = p.id
 ORDER BY p.due_at, p.id;
