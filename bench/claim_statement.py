@@ -113,6 +113,7 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
             "solo": False,
             "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
             "by_topic": not every,  # one topic, as the store claims it
+            "after": None,  # no watermark: no snapshot held (earlier commits ignore it)
         }
         in_flight: list[list[uuid.UUID]] = []
         done = 0
