@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.latency import TOPIC, _start_relay
+from bench.latency import TOPIC, _start_relay, produce
 from bench.server import arguments, postgres
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,39 +52,6 @@ LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'outbox\\_%'
   AND c.relnamespace = current_schema()::regnamespace
 """
-
-
-# -- in the producer process -------------------------------------------------------------
-
-
-def produce(url: str, rate: float, seconds: float, out_path: str) -> None:
-    """Commit 10 messages every 10/rate s; note each message's commit and each
-    commit's duration."""
-    import anyio
-
-    lines: list[str] = []
-
-    async def go() -> None:
-        from outbox import new_message
-        from outbox.postgres import PostgresStore, connect_pool
-
-        async with connect_pool(url, max_size=1) as pool:
-            store = PostgresStore(pool)
-            start = time.monotonic()
-            n = 0
-            while time.monotonic() - start < seconds:
-                msgs = [new_message(TOPIC, {"n": n + i}) for i in range(10)]
-                began = time.perf_counter()
-                async with store.begin() as tx:
-                    await store.add(tx, *msgs)
-                took = time.perf_counter() - began
-                at = time.time()
-                lines.extend(f"{m.id} {at} {took}\n" for m in msgs)
-                n += 10
-                await anyio.sleep(max(0.0, start + n / rate - time.monotonic()))
-
-    anyio.run(go)
-    Path(out_path).write_text("".join(lines))
 
 
 # -- the harness -------------------------------------------------------------------------
@@ -329,7 +296,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.produce:
         url, rate, seconds, out = args.produce
-        produce(url, float(rate), float(seconds), out)
+        produce(url, float(rate), float(seconds), out, batch=10)
         return 0
     with postgres(args.database_url) as url:
         if args.explain:

@@ -53,8 +53,10 @@ def handlers() -> dict[str, Any]:
 # -- in the producer process ------------------------------------------------------------
 
 
-def produce(url: str, rate: float, seconds: float, out_path: str) -> None:
-    """Commit one message every 1/rate s through store.begin(); note each commit's return."""
+def produce(url: str, rate: float, seconds: float, out_path: str, batch: int = 1) -> None:
+    """Commit ``batch`` messages (one transaction) every batch/rate s through
+    store.begin(); note, a line a message, its id, when its commit returned and
+    how long the commit took."""
     import anyio
 
     lines: list[str] = []
@@ -68,11 +70,13 @@ def produce(url: str, rate: float, seconds: float, out_path: str) -> None:
             start = time.monotonic()
             n = 0
             while time.monotonic() - start < seconds:
-                m = new_message(TOPIC, {"n": n})
+                msgs = [new_message(TOPIC, {"n": n + i}) for i in range(batch)]
+                began = time.perf_counter()
                 async with store.begin() as tx:
-                    await store.add(tx, m)
-                lines.append(f"{m.id} {time.time()}\n")
-                n += 1
+                    await store.add(tx, *msgs)
+                took, at = time.perf_counter() - began, time.time()
+                lines.extend(f"{m.id} {at} {took}\n" for m in msgs)
+                n += batch
                 await anyio.sleep(max(0.0, start + n / rate - time.monotonic()))
 
     anyio.run(go)
@@ -240,7 +244,7 @@ def run(src: Path | None, url: str, rate: float, seconds: float, idle: float) ->
         finally:
             relay.send_signal(signal.SIGTERM)
             relay.wait(30)
-        committed = dict(line.split() for line in commits.read_text().splitlines())
+        committed = dict(line.split()[:2] for line in commits.read_text().splitlines())
         arrived = dict(line.split() for line in receipts.read_text().splitlines())
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

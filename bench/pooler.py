@@ -118,7 +118,7 @@ def route(name: str, direct: str, rate: float, seconds: float, drain: int) -> di
                 r.send_signal(signal.SIGTERM)
                 r.wait(30)
             committed = dict(
-                line.split() for path in commits for line in path.read_text().splitlines()
+                line.split()[:2] for path in commits for line in path.read_text().splitlines()
             )
             arrived: dict[str, str] = {}
             for line in receipts.read_text().splitlines():
