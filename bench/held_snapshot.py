@@ -1,8 +1,9 @@
 """The outbox while a snapshot is held: latency, backlog and size before, during and after.
 
 Producers add ``--rate`` messages a second in transactions of 10 (each
-waking the relays), one `outbox relay` at the defaults delivers them to a
-handler that notes each arrival, and the run goes through three phases:
+waking the relays), ``--relays`` `outbox relay` processes (one) at the
+defaults deliver them to a handler that notes each arrival (the first, where
+a message arrives twice), and the run goes through three phases:
 *free* (``--free`` s), *held* (``--hold`` s: a REPEATABLE READ transaction
 that read an application table stays open, so no row deleted after it began
 can be vacuumed; with ``--dump`` it also reads every outbox table, holding
@@ -20,8 +21,8 @@ goes when what it passes cannot be vacuumed.
 Autovacuum must be on (the embedded PostgreSQL, the default, has it on; the
 CI machine's PostgreSQL 15 runs with it off).
 
-    python -m bench held_snapshot [--database-url URL] [--rate 1000] [--free 180]
-        [--hold 180] [--after 180] [--dump] | --explain 200000
+    python -m bench held_snapshot [--database-url URL] [--rate 1000] [--relays 1]
+        [--free 180] [--hold 180] [--after 180] [--dump] | --explain 200000
 """
 
 from __future__ import annotations
@@ -124,9 +125,11 @@ def run(url: str, args: Any) -> dict[str, Any]:
                 **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
                 "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
                 "OUTBOX_DATABASE_URL": conninfo,
-                "LATENCY_RECEIPTS": str(receipts),
             }
-            relay = _start_relay(env)
+            relays = [
+                _start_relay({**env, "LATENCY_RECEIPTS": f"{receipts}.{n}"})
+                for n in range(args.relays)
+            ]
             try:
                 t0 = time.monotonic()
                 holder = Holder(conninfo, t0 + args.free, t0 + args.free + args.hold, args.dump)
@@ -147,10 +150,17 @@ def run(url: str, args: Any) -> dict[str, Any]:
                 holder.join(5)
                 sampler.join(args.every + 5)
             finally:
-                relay.send_signal(signal.SIGTERM)
-                relay.wait(30)
+                for relay in relays:
+                    relay.send_signal(signal.SIGTERM)
+                for relay in relays:
+                    relay.wait(30)
             committed = [line.split() for line in commits.read_text().splitlines()]
-            arrived = dict(line.split() for line in receipts.read_text().splitlines())
+            arrived: dict[str, str] = {}
+            for n in range(args.relays):
+                for line in Path(f"{receipts}.{n}").read_text().splitlines():
+                    i, at = line.split()
+                    if i not in arrived or float(at) < float(arrived[i]):
+                        arrived[i] = at
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
@@ -286,6 +296,7 @@ def front(conninfo: str) -> None:
 def main() -> int:
     parser = arguments(__doc__)
     parser.add_argument("--rate", type=float, default=1000, help="messages a second")
+    parser.add_argument("--relays", type=int, default=1, help="relay processes")
     parser.add_argument("--free", type=float, default=180)
     parser.add_argument("--hold", type=float, default=180)
     parser.add_argument("--after", type=float, default=180)
@@ -306,8 +317,9 @@ def main() -> int:
     free = [s for s in got["samples"] if s[0] < args.free]
     held_end = [s for s in got["samples"] if s[0] <= args.free + args.hold][-1:]
     free_size = max((s[1] for s in free), default=0)
-    print(f"{args.rate:.0f} msg/s; phases free {args.free:.0f} s, held {args.hold:.0f} s"
-          f"{' (reading the outbox)' if args.dump else ''}, after {args.after:.0f} s")  # fmt: skip
+    print(f"{args.rate:.0f} msg/s, {args.relays} relay(s); phases free {args.free:.0f} s,"
+          f" held {args.hold:.0f} s{' (reading the outbox)' if args.dump else ''},"
+          f" after {args.after:.0f} s")  # fmt: skip
     for name in ("free", "held", "after"):
         r = got[name]
         print(

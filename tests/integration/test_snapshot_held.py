@@ -4,6 +4,7 @@ outbox's size and dead rows, never a session's pid or application as a label."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Callable
 
 import anyio
@@ -14,7 +15,10 @@ from prometheus_client import CollectorRegistry
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.memory import MemoryStore
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.postgres.claims import claim_params
+from outbox.postgres.queries import QUERIES
 from outbox.relay.backlog import Backlog
+from outbox.relay.core import WATERMARK_SLACK
 from outbox.requests import Claimed, ClaimRequest
 from outbox.store import StorageHealth
 from tests.clock import T0
@@ -148,3 +152,63 @@ async def until(what: str, predicate: Callable[[], bool]) -> None:
     with anyio.fail_after(10):
         while not predicate():  # noqa: ASYNC110 - the relay has no event for this
             await anyio.sleep(0.01)
+
+
+async def test_under_a_held_snapshot_a_claim_from_the_watermark_reads_no_more_as_more_is_settled(
+    pg_store: PostgresStore, pg_conninfo: str
+) -> None:
+    # What the watermark is for, as a structure rather than a timing: every
+    # message settled while a snapshot is held leaves an entry in the ready
+    # indexes that no vacuum may remove. A claim from the first entry visits
+    # each of them; one from the watermark only those since it.
+    base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    mark: dt.datetime | None = None
+    from_mark: list[int] = []
+    from_first: list[int] = []
+    with psycopg.connect(pg_conninfo) as report:  # held throughout
+        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM outbox_topics").fetchone()
+        for batch in range(5):  # a batch every ten seconds of due time
+            at = base + dt.timedelta(seconds=10 * batch)
+            async with pg_store.begin() as tx:
+                await pg_store.add(
+                    tx,
+                    *(
+                        new_message("orders.placed", {"n": i}, at + dt.timedelta(milliseconds=i))
+                        for i in range(1000)
+                    ),
+                )
+            # Settled as a relay settles them: each claim from the watermark the
+            # claim before it found.
+            while True:
+                claimed = await pg_store.claim_many(_claim(mark))
+                if not claimed.messages:
+                    break
+                await pg_store.ack_many([m.id for m in claimed.messages], keyed=False)
+                if claimed.last_due is not None:
+                    mark = claimed.last_due - WATERMARK_SLACK
+            from_mark.append(_buffers(pg_conninfo, mark))
+            from_first.append(_buffers(pg_conninfo, None))
+        report.rollback()
+
+    assert from_first[-1] >= 3 * from_first[0], from_first  # what is left unvacuumed
+    assert from_mark[-1] <= from_mark[0] + 5, from_mark  # does not grow with it
+
+
+def _claim(after: dt.datetime | None) -> ClaimRequest:
+    return ClaimRequest(
+        limit=400, lease=dt.timedelta(minutes=1), topics=["orders.placed"], after=after
+    )
+
+
+def _buffers(conninfo: str, after: dt.datetime | None) -> int:
+    """The shared buffers one claim of nothing reads (rolled back)."""
+    with psycopg.connect(conninfo) as conn:
+        (plan,) = conn.execute(
+            b"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) "
+            + QUERIES["message_claim"].encode(),
+            claim_params(_claim(after), uuid.uuid4()),
+        ).fetchone() or (None,)
+        conn.rollback()
+    top = plan[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
