@@ -117,7 +117,7 @@ class MemoryStore:
                 and (r.leased_until is None or r.leased_until <= now)
                 and (free is None or r.message.topic in free or r.message.topic in left)
                 and (not solo or r.leased_until is not None)
-                and (after is None or r.leased_until is not None or r.due_at >= after)
+                and (after is None or (r.leased_until or r.due_at) >= after)
                 and self._keys.heads(r, now)
             ),
             key=lambda r: (r.due_at, r.message.id),

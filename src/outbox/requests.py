@@ -77,7 +77,8 @@ class ClaimRequest:
     """Claim only messages due from ``after`` on: a low-watermark the caller's
     earlier claims passed, so that a claim does not walk again what they left
     behind while a held snapshot keeps it from being vacuumed (None: from the
-    first). Orphans are claimed whatever their due time."""
+    first). Orphans are claimed by when their lease ended, from ``after`` on:
+    every message acked under the snapshot left an ended lease behind too."""
 
     def __post_init__(self) -> None:
         check_claim(self.lease, self.limit)

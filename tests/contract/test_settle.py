@@ -134,7 +134,7 @@ def test_a_request_that_can_only_be_a_mistake_is_refused(lease: dt.timedelta, li
         ClaimRequest(limit=limit, lease=lease)
 
 
-async def test_a_claim_from_a_watermark_passes_what_is_due_before_it_but_not_orphans(
+async def test_a_claim_from_a_watermark_passes_what_is_due_before_it_but_not_recent_orphans(
     store: Store[Any],
 ) -> None:
     early, late = msgs(2)  # due a second apart
@@ -149,8 +149,26 @@ async def test_a_claim_from_a_watermark_passes_what_is_due_before_it_but_not_orp
         ClaimRequest(limit=10, lease=LEASE, now=now, after=T0 + SECOND)
     )
 
-    # The late one is due before the watermark: passed. The orphan is found anyway.
+    # The late one is due before the watermark: passed. The orphan, whose lease
+    # ended after it, is found.
     assert {m.id for m in from_mark.messages} == {early.id, fresh.id}
     assert from_mark.last_due == T0 + SECOND  # the last ready one's, orphans aside
     [rest] = (await store.claim_many(ClaimRequest(limit=10, lease=LEASE, now=now))).messages
     assert rest.id == late.id  # a look from the start finds it
+
+
+async def test_a_claim_from_a_watermark_passes_an_orphan_whose_lease_ended_before_it(
+    store: Store[Any],
+) -> None:
+    [m] = msgs(1)
+    await add(store, m)
+    await store.claim(T0, LEASE, 1)  # its relay dies: an orphan at T0 + LEASE
+    now = T0 + LEASE + 10 * SECOND
+
+    from_mark = await store.claim_many(
+        ClaimRequest(limit=10, lease=LEASE, now=now, after=T0 + LEASE + SECOND)
+    )
+
+    assert from_mark.messages == []
+    [again] = (await store.claim_many(ClaimRequest(limit=10, lease=LEASE, now=now))).messages
+    assert again.id == m.id  # a look from the start finds it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import psycopg
@@ -15,10 +16,9 @@ from prometheus_client import CollectorRegistry
 from outbox import Message, Relay, RelayConfig, new_message
 from outbox.memory import MemoryStore
 from outbox.postgres import PostgresStore, connect_pool, migrate
-from outbox.postgres.claims import claim_params
-from outbox.postgres.queries import QUERIES
+from outbox.postgres.claims import claim_params, claim_statement
 from outbox.relay.backlog import Backlog
-from outbox.relay.core import WATERMARK_SLACK
+from outbox.relay.config import WATERMARK_SLACK
 from outbox.requests import Claimed, ClaimRequest
 from outbox.store import StorageHealth
 from tests.clock import T0
@@ -109,6 +109,7 @@ async def test_while_a_snapshot_is_held_claims_read_on_from_a_watermark_and_lose
     async def handle(m: Message) -> None:
         got.append(m)
 
+    monkeypatch.setattr("outbox.relay.core.FULL_LOOK", 0.2)  # the late one, found soon
     relay = Relay(
         pg_store,
         {"orders.placed": handle},
@@ -159,8 +160,10 @@ async def test_under_a_held_snapshot_a_claim_from_the_watermark_reads_no_more_as
 ) -> None:
     # What the watermark is for, as a structure rather than a timing: every
     # message settled while a snapshot is held leaves an entry in the ready
-    # indexes that no vacuum may remove. A claim from the first entry visits
-    # each of them; one from the watermark only those since it.
+    # indexes, and one whose lease has ended in the leased rows' index, that
+    # no vacuum may remove. A claim from the first entry visits each of them;
+    # one from the watermark only those since it. (Time is the claims' own:
+    # a batch every ten seconds, leases of a second.)
     base = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
     mark: dt.datetime | None = None
     from_mark: list[int] = []
@@ -168,7 +171,7 @@ async def test_under_a_held_snapshot_a_claim_from_the_watermark_reads_no_more_as
     with psycopg.connect(pg_conninfo) as report:  # held throughout
         report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         report.execute("SELECT count(*) FROM outbox_topics").fetchone()
-        for batch in range(5):  # a batch every ten seconds of due time
+        for batch in range(5):
             at = base + dt.timedelta(seconds=10 * batch)
             async with pg_store.begin() as tx:
                 await pg_store.add(
@@ -181,34 +184,68 @@ async def test_under_a_held_snapshot_a_claim_from_the_watermark_reads_no_more_as
             # Settled as a relay settles them: each claim from the watermark the
             # claim before it found.
             while True:
-                claimed = await pg_store.claim_many(_claim(mark))
+                claimed = await pg_store.claim_many(_claim(mark, at + 2 * SECOND))
                 if not claimed.messages:
                     break
                 await pg_store.ack_many([m.id for m in claimed.messages], keyed=False)
                 if claimed.last_due is not None:
                     mark = claimed.last_due - WATERMARK_SLACK
-            from_mark.append(_buffers(pg_conninfo, mark))
-            from_first.append(_buffers(pg_conninfo, None))
+            later = at + 9 * SECOND  # every lease of the batch has ended
+            from_mark.append(_buffers(pg_conninfo, _claim(mark, later)))
+            from_first.append(_buffers(pg_conninfo, _claim(None, later)))
         report.rollback()
 
     assert from_first[-1] >= 3 * from_first[0], from_first  # what is left unvacuumed
     assert from_mark[-1] <= from_mark[0] + 5, from_mark  # does not grow with it
 
 
-def _claim(after: dt.datetime | None) -> ClaimRequest:
-    return ClaimRequest(
-        limit=400, lease=dt.timedelta(minutes=1), topics=["orders.placed"], after=after
-    )
+SECOND = dt.timedelta(seconds=1)
 
 
-def _buffers(conninfo: str, after: dt.datetime | None) -> int:
-    """The shared buffers one claim of nothing reads (rolled back)."""
+def _claim(after: dt.datetime | None, now: dt.datetime) -> ClaimRequest:
+    return ClaimRequest(limit=400, lease=SECOND, now=now, topics=["orders.placed"], after=after)
+
+
+def _buffers(conninfo: str, request: ClaimRequest) -> int:
+    """The shared buffers the store's claim of ``request`` reads (rolled back)."""
+    params = claim_params(request, uuid.uuid4())
     with psycopg.connect(conninfo) as conn:
         (plan,) = conn.execute(
             b"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) "
-            + QUERIES["message_claim"].encode(),
-            claim_params(_claim(after), uuid.uuid4()),
+            + claim_statement(params).encode(),
+            params,
         ).fetchone() or (None,)
         conn.rollback()
     top = plan[0]["Plan"]
     return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+
+class _Scripted:
+    """The memory store's backlog, with the storage health a test sets."""
+
+    def __init__(self) -> None:
+        self.memory = MemoryStore()
+        self.health = StorageHealth(0.0, 0, 0, 0)
+
+    async def topic_stats(self, max_age: dt.timedelta | None = None) -> Any:
+        return await self.memory.topic_stats(max_age=max_age)
+
+    async def storage(self) -> StorageHealth:
+        return self.health
+
+
+async def test_claims_keep_to_the_watermark_after_a_release_until_vacuum_has_caught_up() -> None:
+    store = _Scripted()
+    backlog = Backlog(store, registry=CollectorRegistry())  # type: ignore[arg-type]
+
+    for age, transactions, dead, held in (
+        (0.0, 0, 5_000, False),
+        (45.0, 900, 20_000, True),  # held: what is deleted stays
+        (600.0, 9_000, 1_200_000, True),
+        (0.0, 0, 1_200_000, True),  # released, not vacuumed: a look from the first is long
+        (0.0, 0, 150_000, True),
+        (0.0, 0, 40_000, False),  # vacuumed
+    ):
+        store.health = StorageHealth(age, transactions, dead, 0)
+        await backlog.refresh()
+        assert backlog.held is held, (age, dead)

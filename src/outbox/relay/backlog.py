@@ -28,6 +28,9 @@ BLOCKED_KEYS = 10_000
 """Most blocked keys one refresh counts (outbox keys blocked lists them all)."""
 HELD_TRANSACTIONS = 10_000
 """A snapshot this many transactions behind is held, whatever its age (Backlog.held)."""
+RELEASED_DEAD_ROWS = 100_000
+"""Once a snapshot is released, claims read from the first again when the outbox's
+dead rows are down to this many, or twice as many as when it began to be held."""
 
 log = logging.getLogger("outbox.relay.backlog")
 
@@ -59,7 +62,9 @@ class Backlog:
         self.label = label
         self._seen: set[str] = set()
         self.held = False
-        """Whether the last refresh found a snapshot held (``held_after``)."""
+        """Whether the last refresh found a snapshot held (``held_after``), or found
+        what one kept not vacuumed yet."""
+        self._dead_before = 0
 
     async def refresh(self, max_age: dt.timedelta | None = None) -> None:
         """Query the store once and set every gauge; topics now empty go to 0.
@@ -109,14 +114,24 @@ class Backlog:
             health.oldest_snapshot_seconds >= self.held_after.total_seconds()
             or health.oldest_snapshot_transactions >= HELD_TRANSACTIONS
         )
-        if held != self.held:
+        if held and not self.held:
+            self._dead_before = health.dead_rows
+        # Released, what the snapshot kept is dead to all but not yet vacuumed:
+        # a claim from the first would visit each entry once more. Claims read
+        # on from the watermark until vacuum has removed most of it.
+        vacuumed = health.dead_rows <= max(2 * self._dead_before, RELEASED_DEAD_ROWS)
+        held = held or (self.held and not vacuumed)
+        if held and not self.held:
             log.warning(
                 "a snapshot held for %.0fs (%d transactions) keeps the outbox from being "
-                "vacuumed: claims read on from where the last ones stopped"
-                if held
-                else "no snapshot holds the outbox back any more: claims read from the first",
+                "vacuumed: claims read on from where the last ones stopped",
                 health.oldest_snapshot_seconds,
                 health.oldest_snapshot_transactions,
+            )
+        elif self.held and not held:
+            log.warning(
+                "no snapshot holds the outbox back any more, and what one kept is "
+                "vacuumed: claims read from the first"
             )
         self.held = held
 

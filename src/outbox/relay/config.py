@@ -29,10 +29,12 @@ key is a few claims, and one key never fills a relay that has others."""
 WATERMARK_SLACK = dt.timedelta(seconds=2)
 """While a snapshot is held, a claim reads the ready rows from the due time of
 the last one the claim before found, less this much (see Relay._claim)."""
-FULL_LOOK = 2.0
+FULL_LOOK = 30.0
 """...and from the first, to find what a watermark passes over (a transaction
-that committed late, a message released or unparked with an old due time), at
-least this often (seconds), and after every ack that unparked a key."""
+that committed late, a message released with an old due time), at least this
+often (seconds), and after every ack that unparked a key. Such a look visits
+every entry the snapshot keeps (a second's worth at a million): rare enough
+that few messages wait behind it."""
 CLAIM_WAIT = 15.0
 """Longest a claim may take (PostgresStore bounds its own at 10 s)."""
 STORE_WAIT = 5.0
@@ -120,7 +122,7 @@ class RelayConfig(BaseModel):
         ge=dt.timedelta(0),
         description=(
             "Age of the oldest snapshot from which claims read on from where the last ones "
-            "stopped (with a look from the first every 2s): what is deleted while a snapshot "
+            "stopped (with a look from the first every 30s): what is deleted while a snapshot "
             "is held stays in the indexes. Seen at each backlog refresh."
         ),
     )

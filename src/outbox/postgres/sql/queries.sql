@@ -86,8 +86,12 @@ ORDER BY m.n;
 -- %(after)s (NULL: none) is a low-watermark on the ready rows' order: the
 -- ready index is read from there, so a claim does not walk the entries of
 -- what earlier claims passed, which a held snapshot keeps from being vacuumed
--- (each is a heap visit that finds nothing). Orphans are found whatever their
--- due time. The picked rows' due times are returned, for the next watermark.
+-- (each is a heap visit that finds nothing). The leased rows' index is read
+-- from there too: every message acked under the snapshot left an entry whose
+-- lease has ended, and an orphan whose lease ended before the watermark was
+-- there for the claims since (what SKIP LOCKED or a cap passed over waits
+-- for the next claim without one). The picked rows' due times are returned,
+-- for the next watermark.
 -- (t is the statement's time and its watermark, read once; the statement
 -- stays under the 4,096 bytes psycopg caches the parse of.)
 WITH t AS MATERIALIZED (
@@ -96,7 +100,7 @@ WITH t AS MATERIALIZED (
 ),
 ready AS MATERIALIZED (
     SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size,
-           topic, key, seq
+           key, seq, topic
     FROM outbox_messages
     WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
       AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
@@ -109,11 +113,11 @@ ready AS MATERIALIZED (
 -- The same rows, found topic by topic (%(by_topic)s: a few topics), so rows of
 -- topics not in %(topics)s are never walked; the merge below restores the order.
 ready_by_topic AS MATERIALIZED (
-    SELECT c.id, c.due_at, false AS orphan, c.size, k.topic, c.key, c.seq
+    SELECT c.*, k.topic
     FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s
                      THEN string_to_array(%(topics)s::text, ',') END) AS k(topic)
     CROSS JOIN LATERAL (
-        SELECT id, due_at, octet_length(payload::text) AS size, key, seq
+        SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size, key, seq
         FROM outbox_messages
         WHERE buried_at IS NULL AND leased_until IS NULL
           AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
@@ -125,16 +129,16 @@ ready_by_topic AS MATERIALIZED (
 ),
 orphans AS MATERIALIZED (
     SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
-           topic, key, seq
+           key, seq, topic
     FROM outbox_messages
-    WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM t)
+    WHERE buried_at IS NULL AND leased_until BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
     ORDER BY due_at, id
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 capped AS MATERIALIZED (
-    SELECT c.id, c.due_at, c.orphan, c.size, k.topic, c.key, c.seq
+    SELECT c.*, k.topic
     FROM unnest(%(capped)s::text[], %(caps)s::integer[]) AS k(topic, n)
     CROSS JOIN LATERAL (
         SELECT * FROM (
@@ -154,7 +158,7 @@ capped AS MATERIALIZED (
             SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
                    key, seq
             FROM outbox_messages
-            WHERE buried_at IS NULL AND leased_until <= (SELECT now FROM t)
+            WHERE buried_at IS NULL AND leased_until BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
               AND topic = k.topic
             ORDER BY due_at, id
             LIMIT k.n
