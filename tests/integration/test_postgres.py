@@ -19,8 +19,9 @@ import outbox
 from outbox import Message, Relay, RelayConfig, StoreUnavailable, new_message
 from outbox.errors import SchemaMissing, StoreError
 from outbox.postgres import PostgresStore, connect_pool, migrate
+from outbox.postgres.claims import claim_statement
 from outbox.postgres.connection import KEEPALIVES, connect
-from outbox.postgres.queries import QUERIES, migrations
+from outbox.postgres.queries import migrations
 from outbox.postgres.store import BY_TOPIC, claim_params
 from outbox.requests import ClaimRequest, Orphans
 from tests.clock import T0
@@ -84,7 +85,7 @@ async def explain_claim(
     now = T0 + dt.timedelta(seconds=1)
     request = ClaimRequest(now=now, lease=LEASE, limit=10, topics=topics, orphans=Orphans.LEAVE)
     params = {**claim_params(request, None), **more}
-    claim = QUERIES["message_claim"].encode()
+    claim = claim_statement(params).encode()  # the form the store runs for them
     async with store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
         cur = await conn.execute(claim, params)
@@ -155,7 +156,7 @@ async def test_a_claim_writes_its_rows_by_id_and_never_reads_the_whole_table(
     params = claim_params(ClaimRequest(now=T0, lease=LEASE, limit=400, topics=topics), None)
     async with pg_store.pool.connection() as conn, conn.transaction():
         cur = await conn.execute(
-            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["message_claim"].encode(), params
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + claim_statement(params).encode(), params
         )
         [[[explained]]] = await cur.fetchall()
         raise psycopg.Rollback

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
+import pytest
+
+from outbox.postgres.claims import claim_params, claim_statement, without
 from outbox.postgres.queries import QUERIES
+from outbox.requests import ClaimRequest
+
+LEASE = dt.timedelta(seconds=30)
 
 # psycopg parses a statement longer than this anew on every execution
 # (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) instead of caching the parse.
@@ -19,3 +27,24 @@ def test_comment_lines_are_not_sent_but_the_statement_is_whole() -> None:
     assert "--" not in claim
     assert claim.startswith("WITH t AS MATERIALIZED")
     assert claim.rstrip().endswith("ORDER BY p.due_at, p.id;")
+
+
+def test_each_form_of_the_claim_leaves_out_only_the_reads_its_request_leaves_empty() -> None:
+    by_topic = claim_params(ClaimRequest(limit=1, lease=LEASE, topics=["a"]), None)
+    every = claim_params(ClaimRequest(limit=1, lease=LEASE), None)
+    capped = claim_params(ClaimRequest(limit=1, lease=LEASE, topics=["a"], caps={"b": 1}), None)
+
+    assert claim_statement(capped) == QUERIES["message_claim"]
+    for params, gone, kept in (
+        (by_topic, ("ready AS", "capped AS"), "ready_by_topic AS"),
+        (every, ("ready_by_topic AS", "capped AS"), "ready AS"),
+    ):
+        form = claim_statement(params)
+        assert kept in form
+        assert not [g for g in gone if g in form]
+        assert "orphans AS" in form
+
+
+def test_a_read_the_claim_uses_elsewhere_is_never_left_out() -> None:
+    with pytest.raises(ValueError, match="behind is read elsewhere"):
+        without(QUERIES["message_claim"], "behind")

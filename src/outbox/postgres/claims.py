@@ -1,14 +1,24 @@
 """The claim statement's parameters: a ClaimRequest as message_claim reads it
-(what PostgresStore.claim_many passes, for tests and benches too)."""
+(what PostgresStore.claim_many passes, for tests and benches too), and the
+form of the statement that request runs.
+
+Relays prepare nothing (poolers), so every claim is planned, and the planner
+plans every read of the statement whether the request uses it or not. A
+relay of a few topics never reads the `ready` rows of every topic, and one
+without caps never reads `capped`: the statement it runs leaves them out,
+which halves the claim's planning. One text, message_claim, stays the source.
+"""
 
 from __future__ import annotations
 
+import re
 import uuid
-from typing import Any
+from typing import Any, LiteralString
 
+from outbox.postgres.queries import QUERIES
 from outbox.requests import ClaimRequest, Orphans
 
-__all__ = ["BY_TOPIC", "claim_params"]
+__all__ = ["BY_TOPIC", "claim_params", "claim_statement", "without"]
 
 
 BY_TOPIC = 32
@@ -35,3 +45,40 @@ def claim_params(request: ClaimRequest, token: uuid.UUID | None) -> dict[str, An
         "max_bytes": request.max_bytes,
         "after": request.after,
     }
+
+
+def without(query: LiteralString, *reads: str) -> LiteralString:
+    """``query`` (message_claim) without the named reads (CTEs) and their arms in
+    ``candidates``, which is all that refers to them."""
+    out: str = query
+    for name in reads:
+        start = out.index(f"\n{name} AS MATERIALIZED (") + 1
+        depth, at = 0, out.index("(", start)
+        while True:
+            depth += {"(": 1, ")": -1}.get(out[at], 0)
+            at += 1
+            if depth == 0:
+                break
+        if not out.startswith(",\n", at):
+            raise ValueError(f"{name} is not followed by another read")
+        out = out[:start] + out[at + 2 :]
+        arm = re.compile(
+            rf"^SELECT \* FROM {name}\nUNION ALL\n|^UNION ALL\nSELECT \* FROM {name}\n", re.M
+        )
+        out, found = arm.subn("", out)
+        if found != 1 or re.search(rf"\b{name}\b", out):
+            raise ValueError(f"{name} is read elsewhere than in candidates")
+    return out  # derived once, at import, from the package's own statement
+
+
+_CLAIM = QUERIES["message_claim"]
+_CLAIM_BY_TOPIC = without(_CLAIM, "ready", "capped")
+_CLAIM_EVERY = without(_CLAIM, "ready_by_topic", "capped")
+
+
+def claim_statement(params: dict[str, Any]) -> LiteralString:
+    """The form of message_claim that ``params`` (claim_params) need: without the
+    reads they leave empty."""
+    if params["capped"]:
+        return _CLAIM
+    return _CLAIM_BY_TOPIC if params["by_topic"] else _CLAIM_EVERY

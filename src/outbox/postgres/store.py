@@ -20,7 +20,7 @@ import psycopg_pool
 from outbox.durations import format_duration
 from outbox.errors import NotFound
 from outbox.message import Message
-from outbox.postgres.claims import BY_TOPIC, claim_params
+from outbox.postgres.claims import BY_TOPIC, claim_params, claim_statement
 from outbox.postgres.connection import keepalives
 from outbox.postgres.operator import OperatorQueries
 from outbox.postgres.pool import connect_pool
@@ -59,7 +59,6 @@ __all__ = [
     "keepalives",
 ]
 
-_CLAIM = QUERIES["message_claim"]
 _ACK_UNKEYED = QUERIES["message_ack_unkeyed"]
 _ACK_RUN = QUERIES["message_ack_run"]
 _ACK_RUN_ONE = QUERIES["message_ack_run_one"]
@@ -137,7 +136,8 @@ class PostgresStore:
 
     async def claim_many(self, request: ClaimRequest) -> Claimed:
         token = uuid.uuid4()
-        rows = await self.statements.fetch(_CLAIM, claim_params(request, token))
+        params = claim_params(request, token)
+        rows = await self.statements.fetch(claim_statement(params), params)
         claimed = Claimed([_claimed(r, token) for r in rows if r[0] is not None])
         claimed.orphans = len(rows) - len(claimed.messages)
         ready = [r[9] for r in rows if not r[8]]  # the picked rows' due times, orphans aside
