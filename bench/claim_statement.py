@@ -115,23 +115,37 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
             "by_topic": not every,  # one topic, as the store claims it
             "after": None,  # no watermark: no snapshot held (earlier commits ignore it)
         }
-        in_flight: list[list[uuid.UUID]] = []
-        done = 0
-        started = time.perf_counter()
-        while True:
-            rows = conn.execute(claim, {**params, "token": uuid.uuid4()}).fetchall()
-            ids = [r[0] for r in rows if r[0] is not None]
-            if not ids and not in_flight:
-                break
-            if ids:
-                in_flight.append(ids)
-            if len(in_flight) > IN_FLIGHT or not ids:
-                batch = in_flight.pop(0)
-                conn.execute(ack, {"ids": batch, "tokens": None})
-                done += len(batch)
-        elapsed = time.perf_counter() - started
+        done, elapsed = claim_and_ack(conn, claim, ack, params, {"tokens": None})
     assert done == n, f"{done} of {n} acked"
     return n / elapsed
+
+
+def claim_and_ack(
+    conn: psycopg.Connection[Any],
+    claim: bytes,
+    ack: bytes,
+    params: dict[str, Any],
+    acks: dict[str, Any],
+    prepare: bool | None = None,
+) -> tuple[int, float]:
+    """Claim until nothing is left, acking IN_FLIGHT claims behind: (acked, seconds).
+    ``prepare``: psycopg's (None: prepared after a few runs; False: never, as relays)."""
+    in_flight: list[list[uuid.UUID]] = []
+    done = 0
+    started = time.perf_counter()
+    while True:
+        token = {"token": uuid.uuid4()}
+        rows = conn.execute(claim, {**params, **token}, prepare=prepare).fetchall()
+        ids = [r[0] for r in rows if r[0] is not None]
+        if not ids and not in_flight:
+            break
+        if ids:
+            in_flight.append(ids)
+        if len(in_flight) > IN_FLIGHT or not ids:
+            batch = in_flight.pop(0)
+            conn.execute(ack, {**acks, "ids": batch}, prepare=prepare)
+            done += len(batch)
+    return done, time.perf_counter() - started
 
 
 def main() -> int:

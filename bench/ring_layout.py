@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 import statistics
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from typing import Any
 
 import psycopg
 
-from bench.claim_statement import IN_FLIGHT, migrated_at
+from bench.claim_statement import IN_FLIGHT, claim_and_ack, migrated_at
 from bench.server import arguments, postgres
 from outbox.postgres.queries import QUERIES
 
@@ -120,21 +119,7 @@ def drain(url: str, name: str, slots: int, messages: int) -> float:
     with layout(url, name, slots, messages) as conn:
         claim, ack = statements(name)
         p = params(conn)
-        in_flight: list[list[uuid.UUID]] = []
-        done = 0
-        started = time.perf_counter()
-        while True:
-            rows = conn.execute(claim, {**p, "token": uuid.uuid4()}, prepare=False).fetchall()
-            ids = [r[0] for r in rows if r[0] is not None]
-            if not ids and not in_flight:
-                break
-            if ids:
-                in_flight.append(ids)
-            if len(in_flight) > IN_FLIGHT or not ids:
-                batch = in_flight.pop(0)
-                conn.execute(ack, {"ids": batch, "slots": p["slots"]}, prepare=False)
-                done += len(batch)
-        elapsed = time.perf_counter() - started
+        done, elapsed = claim_and_ack(conn, claim, ack, p, {"slots": p["slots"]}, prepare=False)
     assert done == messages, f"{done} of {messages} acked"
     return messages / elapsed
 
