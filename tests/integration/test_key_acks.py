@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from outbox import StoreUnavailable, new_message
 from outbox.postgres import PostgresStore, connect_pool, migrate
@@ -24,10 +25,16 @@ LEASE = dt.timedelta(minutes=2)
 TOPIC = "orders.events"
 
 
-async def _waiting_on_a_lock(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+async def _waiting_on_a_lock(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], application: str = "%"
+) -> bool:
+    """Whether an ack of ``application`` (any: "%") waits for a lock. The suite's
+    workers share the database (a schema each): name the session to be sure."""
     cur = await conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM outbox_messages%'"
+        " AND wait_event_type = 'Lock' AND query LIKE '%%DELETE FROM outbox_messages%%'"
+        " AND application_name LIKE %s",
+        [application],
     )
     row = await cur.fetchone()
     return bool(row and row[0])
@@ -205,11 +212,13 @@ async def test_an_ack_whose_relay_is_killed_while_it_waits_commits_with_its_unpa
         await blocker.execute(
             "SELECT 1 FROM outbox_messages WHERE id = %s FOR KEY SHARE", [held.id]
         )
+        name = f"outbox-acker-{uuid.uuid4().hex[:8]}"
+        acker = make_conninfo(pg_conninfo, application_name=name)
         relay = await anyio.open_process(
-            [sys.executable, "-c", _ACKER, pg_conninfo, str(held.id), str(held.lease)]
+            [sys.executable, "-c", _ACKER, acker, str(held.id), str(held.lease)]
         )
         try:
-            await eventually("the ack waits", lambda: _waiting_on_a_lock(watcher), limit=30)
+            await eventually("the ack waits", lambda: _waiting_on_a_lock(watcher, name), limit=30)
         finally:
             relay.kill()  # SIGKILL
             await relay.wait()
