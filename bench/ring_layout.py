@@ -8,10 +8,11 @@ The same drain as ``claim_statement`` (claim 100 of one topic, ack four
 claims behind, 50,000 messages, statements unprepared, as relays run them)
 runs in one run, round by round, on:
 
-- ``table``: the tree's schema and statements;
-- ``lean``: the tree's schema, with the claim a relay of one topic and no
-  caps would run if the claim came in variants (no ``ready`` and ``capped``
-  reads: what the planner no longer plans);
+- ``table``: the tree's schema and its whole claim statement (what a relay
+  with capped topics runs);
+- ``lean``: the tree's schema, with the form of the claim a relay of one
+  topic and no caps runs (``claims.without``: no ``ready`` and ``capped``
+  reads for the planner to plan);
 - ``ring``: the candidate layout, with the tree's statements on the parent
   (every partition planned and probed);
 - ``pruned``: the candidate layout with the lean claim, each of its reads and
@@ -41,18 +42,11 @@ import psycopg
 
 from bench.claim_statement import IN_FLIGHT, claim_and_ack, migrated_at
 from bench.server import arguments, postgres
+from outbox.postgres.claims import without
 from outbox.postgres.queries import QUERIES
 
 RING = (Path(__file__).parent / "ring_layout.sql").read_text()
 _SLOTS = "slot = ANY(%(slots)s::smallint[]) AND "
-
-
-def lean(query: str) -> str:
-    """The claim without its ``ready`` and ``capped`` reads (a claim of a few topics, no caps)."""
-    out = re.sub(r"^ready AS MATERIALIZED \(.*?^\),\n", "", query, count=1, flags=re.S | re.M)
-    out = re.sub(r"^capped AS MATERIALIZED \(.*?^\),\n", "", out, count=1, flags=re.S | re.M)
-    out = re.sub(r"SELECT \* FROM ready\s+UNION ALL\s+", "", out)
-    return re.sub(r"UNION ALL\s+SELECT \* FROM capped\s+", "", out)
 
 
 def pruned(query: str) -> str:
@@ -88,9 +82,9 @@ def layout(url: str, name: str, slots: int, messages: int) -> Iterator[psycopg.C
 def statements(name: str) -> tuple[bytes, bytes]:
     claim, ack = QUERIES["message_claim"], QUERIES["message_ack_unkeyed"]
     if name == "lean":
-        claim = lean(claim)
+        claim = without(claim, "ready", "capped")
     if name == "pruned":
-        claim, ack = pruned(lean(claim)), pruned(ack)
+        claim, ack = pruned(without(claim, "ready", "capped")), pruned(ack)
     return claim.encode(), ack.encode()
 
 
