@@ -291,6 +291,10 @@ class MemoryStore:
         # No signal in one process: the relay's poll is the floor, as designed.
         await asyncio.get_running_loop().create_future()
 
+    async def rotate(self, *, now: dt.datetime | None = None) -> int:
+        # A removed message is gone at once: nothing to empty, nothing to move.
+        return 0
+
     async def bury_unserved(
         self,
         grace: dt.timedelta,

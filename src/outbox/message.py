@@ -115,6 +115,9 @@ class Message:
     carries it (retry, bury, release) only while no later claim has taken the
     message: a relay that stalled past its lease changes nothing. Set by
     ``Store.claim``; None on a message that was never claimed."""
+    slot: int | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Where the store found it when it claimed it (PostgresStore: the partition of
+    the outbox's ring); its write-backs look there first. None: anywhere."""
     _made: bool = dataclasses.field(default=False, init=False, compare=False, repr=False)
     """Made by new_message, which checked what check_message checks. Not an
     argument, and not carried by dataclasses.replace(): a message built or

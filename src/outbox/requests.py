@@ -149,6 +149,14 @@ class Settled:
     buried: set[uuid.UUID] = dataclasses.field(default_factory=set)
     released: set[uuid.UUID] = dataclasses.field(default_factory=set)
 
+    def of(self, outcome: Outcome) -> set[uuid.UUID]:
+        """The ids written of ``outcome``'s kind."""
+        if type(outcome) is Acked:
+            return self.acked
+        if type(outcome) is Retried:
+            return self.retried
+        return self.buried if type(outcome) is Buried else self.released
+
 
 @dataclasses.dataclass(slots=True)
 class Sorted:

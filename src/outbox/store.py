@@ -199,6 +199,14 @@ class RelayStore(Protocol):
         """The live relays, oldest first."""
         ...
 
+    async def rotate(self, *, now: dt.datetime | None = None) -> int:
+        """Return the space of what was settled: empty the storage that no longer
+        takes new messages once nothing in it waits, moving what does wait
+        (once) where it can stay; return how many messages were moved. A
+        relay calls it every interval; ``now`` (tests) decides which leases
+        ended. A store that frees space at once does nothing."""
+        ...
+
     async def bury_unserved(
         self,
         grace: dt.timedelta,

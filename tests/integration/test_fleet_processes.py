@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from outbox.postgres.ring import set_period
 from tests.integration import recording
 from tests.integration.process import (
     RelayProcess,
@@ -208,16 +209,31 @@ def test_a_rolling_deploy_buries_nothing(
 def test_two_relays_deliver_everything_once_while_a_report_holds_a_snapshot(
     db: str, relays: list[RelayProcess], tmp_path: Path
 ) -> None:
+    with psycopg.connect(db, autocommit=True) as owner:
+        set_period(owner, 1)  # a test-sized ring: slots of a second
     # Any snapshot counts as held: their claims read on from a watermark.
-    held = {"OUTBOX_BACKLOG_INTERVAL": "200ms", "OUTBOX_SNAPSHOT_HELD_AFTER": "0s"}
+    held = {
+        "OUTBOX_BACKLOG_INTERVAL": "200ms",
+        "OUTBOX_SNAPSHOT_HELD_AFTER": "0s",
+        "OUTBOX_INTERVAL": "100ms",  # housekeeping, and so the rotation
+    }
     live = [start(relays, tmp_path, db, **held) for _ in range(2)]
     for relay in live:
         relay.wait_ready()
     with psycopg.connect(db) as report:  # a report in REPEATABLE READ, open throughout
         report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         report.execute("SELECT count(*) FROM outbox_topics").fetchone()
-        ids = [i for _ in range(5) for i in add_messages(db, recording.TOPIC, 400)]
+        files = _ring_files(db)
+        ids: list[str] = []
 
+        def emptied() -> bool:
+            """Both ring slots were truncated under the held snapshot (new files:
+            their dead rows returned at once); producers write meanwhile."""
+            ids.extend(add_messages(db, recording.TOPIC, 100))
+            now = _ring_files(db)
+            return all(now[slot] != files[slot] for slot in files)
+
+        wait_until("the ring's slots to be emptied", emptied, timeout=30)
         wait_until("the outbox to empty", lambda: outbox_empty(db), timeout=60)
         # The relays see the snapshot, and say so without naming its session.
         wait_until(
@@ -236,6 +252,18 @@ def test_two_relays_deliver_everything_once_while_a_report_holds_a_snapshot(
     assert count(db, "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL") == 0
     metrics = live[0].get("/metrics")[1]
     assert re.search(r"^outbox_oldest_snapshot_age_seconds \S+$", metrics, re.MULTILINE)
+
+
+def _ring_files(db: str) -> dict[str, int]:
+    """The file of each ring partition (TRUNCATE gives a partition a new one)."""
+    rows = query(
+        db,
+        "SELECT relname, relfilenode FROM pg_class"
+        " WHERE relname IN ('outbox_messages_0', 'outbox_messages_1')"
+        " AND relnamespace = to_regnamespace(current_schema())",
+    )
+    assert len(rows) == 2, rows
+    return {name: int(node) for name, node in rows}
 
 
 def _noted(db: str) -> bool:

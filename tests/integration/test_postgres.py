@@ -72,8 +72,17 @@ async def test_add_joins_the_callers_own_transaction(pg_store: PostgresStore) ->
     assert [m.json() for m in claimed] == [{"to": "kept"}]
 
 
+# A partition of the ring and its indexes read as the table's: outbox_messages_0,
+# outbox_messages_stay_ready_idx are outbox_messages, outbox_messages_ready_idx.
+_PARTITION = re.compile(r"^outbox_messages_(?:\d+|stay)(?=_|$)")
+
+
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
+    node = dict(plan)
+    for name in ("Relation Name", "Index Name"):
+        if name in node:
+            node[name] = _PARTITION.sub("outbox_messages", node[name])
+    yield node
     for child in plan.get("Plans", []):
         yield from _nodes(child)
 
@@ -162,14 +171,18 @@ async def test_a_claim_writes_its_rows_by_id_and_never_reads_the_whole_table(
         raise psycopg.Rollback
 
     read = [
-        (n["Node Type"], n["Actual Rows"] * n["Actual Loops"])
+        (
+            n["Node Type"],
+            (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"],
+        )
         for n in _nodes(explained["Plan"])
         if n.get("Relation Name") == "outbox_messages" and n["Node Type"] != "ModifyTable"
     ]
     # The planner's guess of the picked rows once made it hash all 20,000 to
-    # update 400 (or compare every pair); each scan reads at most what it claims.
+    # update 400 (or compare every pair); each scan reads at most what it claims
+    # (a partition of the ring that holds nothing may be scanned: it is empty).
     assert all(rows <= 400 for _, rows in read), read
-    assert "Seq Scan" not in {kind for kind, _ in read}, read
+    assert not [r for kind, r in read if kind == "Seq Scan" and r], read
 
 
 async def test_a_paused_backlog_is_not_walked_and_the_claim_is_the_same(

@@ -144,7 +144,9 @@ async def test_every_object_the_migrations_make_is_the_migrating_roles_and_check
     for kind, name, owner in objects:
         # Named as the check looks for them, of a kind it looks at, and ours.
         assert name.startswith("outbox_"), f"{kind} {name} escapes migrate's ownership check"
-        assert kind in {"r", "i", "S", "function", "type"}, f"{name}: kind {kind} unchecked"
+        assert kind in {"r", "p", "i", "I", "S", "function", "type"}, (
+            f"{name}: kind {kind} unchecked"
+        )
         assert owner == role, f"{kind} {name} is owned by {owner}, not {role}"
     assert not [o for o in objects if o[0] == "trigger"], "the product creates no trigger"
     assert schema.applied() == len(migrations())

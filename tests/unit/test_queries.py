@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from outbox.postgres.claims import claim_params, claim_statement, without
+from outbox.postgres.claims import FORMS, claim_params, claim_statement, without
 from outbox.postgres.queries import QUERIES
 from outbox.requests import ClaimRequest
 
@@ -18,7 +18,10 @@ PSYCOPG_CACHES_UP_TO = 4096
 
 
 def test_every_statement_is_short_enough_for_psycopg_to_cache_its_parse() -> None:
-    long = {name: len(q.encode()) for name, q in QUERIES.items()}
+    # message_claim is never run whole: each claim runs one of its forms.
+    sent = {name: q for name, q in QUERIES.items() if name != "message_claim"}
+    sent |= {f"message_claim{form}": q for form, q in FORMS.items()}
+    long = {name: len(q.encode()) for name, q in sent.items()}
     assert {n: size for n, size in long.items() if size > PSYCOPG_CACHES_UP_TO} == {}
 
 
@@ -34,10 +37,12 @@ def test_each_form_of_the_claim_leaves_out_only_the_reads_its_request_leaves_emp
     every = claim_params(ClaimRequest(limit=1, lease=LEASE), None)
     capped = claim_params(ClaimRequest(limit=1, lease=LEASE, topics=["a"], caps={"b": 1}), None)
 
-    assert claim_statement(capped) == QUERIES["message_claim"]
+    every_capped = claim_params(ClaimRequest(limit=1, lease=LEASE, caps={"b": 1}), None)
     for params, gone, kept in (
         (by_topic, ("ready AS", "capped AS"), "ready_by_topic AS"),
         (every, ("ready_by_topic AS", "capped AS"), "ready AS"),
+        (capped, ("ready AS",), "ready_by_topic AS"),
+        (every_capped, ("ready_by_topic AS",), "ready AS"),
     ):
         form = claim_statement(params)
         assert kept in form

@@ -71,6 +71,8 @@ def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], Non
     what = f"migration {version:04d}_{name}"
 
     def apply(connection: Any) -> None:
+        if _recorded(connection, version):  # applied by `outbox migrate` already
+            return
         if transactional(sql):
             _retrying(connection, what, [sql], {"version": version, "name": name})
             return
@@ -82,6 +84,19 @@ def _applier(version: int, name: str, sql: LiteralString) -> Callable[[Any], Non
             cur.execute(RECORD, {"version": version, "name": name})
 
     return apply
+
+
+def _recorded(connection: Any, version: int) -> bool:
+    """Whether outbox_schema_migrations records ``version`` (an earlier migration
+    may be impossible to run again: an index built CONCURRENTLY on what is now
+    a partitioned table)."""
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["schema_missing"])
+        row = cur.fetchone()
+        if not row or row[0]:
+            return False
+        cur.execute(QUERIES["schema_applied"])
+        return version in {r[0] for r in cur.fetchall()}
 
 
 def _retrying(

@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from typing import Any, LiteralString
 
 from outbox.postgres.queries import QUERIES
 from outbox.requests import ClaimRequest, Orphans
 
-__all__ = ["BY_TOPIC", "claim_params", "claim_statement", "without"]
+__all__ = ["BY_TOPIC", "FORMS", "claim_params", "claim_statement", "without"]
 
+
+EVERY_SLOT = (-1, 0, 1)
+"""The long-stay partition and the ring's two slots (migration 0018)."""
 
 BY_TOPIC = 32
 """Claims for at most this many topics read the claim index topic by topic."""
 
 
-def claim_params(request: ClaimRequest, token: uuid.UUID | None) -> dict[str, Any]:
-    """The message_claim statement's parameters for ``request`` under lease ``token``."""
+def claim_params(
+    request: ClaimRequest, token: uuid.UUID | None, slots: Sequence[int] = EVERY_SLOT
+) -> dict[str, Any]:
+    """The message_claim statement's parameters for ``request`` under lease ``token``,
+    read from the ring's ``slots`` (outbox.postgres.ring)."""
     topics = request.topics
     capped = {t: n for t, n in request.caps.items() if n > 0}
     return {
@@ -43,7 +50,9 @@ def claim_params(request: ClaimRequest, token: uuid.UUID | None) -> dict[str, An
         "isolate": request.orphans is not Orphans.CLAIM,
         "solo": request.orphans is Orphans.ONLY,
         "max_bytes": request.max_bytes,
-        "after": request.after,
+        "a": "-infinity" if request.after is None else request.after,
+        # A constant the planner prunes the other partitions with.
+        "slots": list(slots),
     }
 
 
@@ -72,13 +81,17 @@ def without(query: LiteralString, *reads: str) -> LiteralString:
 
 
 _CLAIM = QUERIES["message_claim"]
-_CLAIM_BY_TOPIC = without(_CLAIM, "ready", "capped")
-_CLAIM_EVERY = without(_CLAIM, "ready_by_topic", "capped")
+FORMS: dict[tuple[bool, bool], LiteralString] = {
+    # (by_topic, capped): a claim reads its topics one way, never both ways.
+    (True, False): without(_CLAIM, "ready", "capped"),
+    (False, False): without(_CLAIM, "ready_by_topic", "capped"),
+    (True, True): without(_CLAIM, "ready"),
+    (False, True): without(_CLAIM, "ready_by_topic"),
+}
+"""Every form a claim runs (the whole of message_claim is never run)."""
 
 
 def claim_statement(params: dict[str, Any]) -> LiteralString:
     """The form of message_claim that ``params`` (claim_params) need: without the
     reads they leave empty."""
-    if params["capped"]:
-        return _CLAIM
-    return _CLAIM_BY_TOPIC if params["by_topic"] else _CLAIM_EVERY
+    return FORMS[bool(params["by_topic"]), bool(params["capped"])]

@@ -83,9 +83,21 @@ def transactional(sql: str) -> bool:
 
 
 def statements(sql: str) -> list[str]:
-    """The statements of a migration file (no comments; split at ``;`` line ends)."""
+    """The statements of a migration file (no comments; split at ``;`` line ends
+    outside ``$$`` quotes, so a DO block is one statement)."""
     body = _COMMENT_LINE.sub("", sql)
-    return [part.strip() for part in re.split(r";\s*$", body, flags=re.M) if part.strip()]
+    out, current = [], ""
+    for n, part in enumerate(body.split("$$")):
+        if n % 2:  # inside a $$-quoted body
+            current += "$$" + part + "$$"
+            continue
+        pieces = re.split(r";\s*$", part, flags=re.M)
+        current += pieces[0]
+        for piece in pieces[1:]:
+            out.append(current)
+            current = piece
+    out.append(current)
+    return [part.strip() for part in out if part.strip()]
 
 
 async def migrate(
@@ -304,15 +316,19 @@ async def pending(conn: psycopg.AsyncConnection[Any]) -> list[int]:
 def migrations_sql() -> str:
     """Every migration's DDL in order, for teams whose own migrations own the schema.
 
-    Each statement is idempotent (IF NOT EXISTS), so the script can be applied
-    to a database that already has some of it; the bookkeeping table
-    ``outbox_schema_migrations`` is filled in too, so `outbox migrate` and the
-    relays' start-up check agree with what was applied. Each migration is a
-    transaction of its own, but for index builds, which run CONCURRENTLY and
-    so outside one; every statement waits at most a few seconds for a lock.
+    A psql script: each migration runs only where ``outbox_schema_migrations``
+    does not record it (psql's ``\\if``), so the script can be applied to a
+    database that has some of it, or all of it, again (a migration may not
+    run twice: an index built CONCURRENTLY on what is now a partitioned
+    table). The bookkeeping table is filled in too, so `outbox migrate` and
+    the relays' start-up check agree with what was applied. Each migration
+    is a transaction of its own, but for index builds, which run
+    CONCURRENTLY and so outside one; every statement waits at most a few
+    seconds for a lock.
     """
     parts = [
-        "-- The outbox schema, every migration in order. Idempotent: safe to apply twice.\n"
+        "-- The outbox schema, every migration in order, for psql: each runs only\n"
+        "-- where outbox_schema_migrations does not record it. Safe to apply twice.\n"
         "SET lock_timeout = '5s';\n",
         BOOKKEEPING + "\n",
     ]
@@ -321,11 +337,18 @@ def migrations_sql() -> str:
             "INSERT INTO outbox_schema_migrations (version, name) "
             f"VALUES ({version}, '{name}') ON CONFLICT (version) DO NOTHING;\n"
         )
+        todo = (
+            "SELECT NOT EXISTS (SELECT 1 FROM outbox_schema_migrations "
+            f"WHERE version = {version}) AS outbox_todo \\gset\n\\if :outbox_todo\n"
+        )
         if transactional(sql):
-            parts.append(f"\n-- {version:04d}_{name}\nBEGIN;\n{sql.strip()}\n{record}COMMIT;\n")
+            body = f"BEGIN;\n{sql.strip()}\n{record}COMMIT;\n"
+            parts.append(f"\n-- {version:04d}_{name}\n{todo}{body}\\endif\n")
         else:
             body = "".join(f"{statement};\n" for statement in statements(sql))
-            parts.append(f"\n-- {version:04d}_{name} (outside a transaction)\n{body}{record}")
+            parts.append(
+                f"\n-- {version:04d}_{name} (outside a transaction)\n{todo}{body}{record}\\endif\n"
+            )
     return "".join(parts)
 
 
@@ -334,6 +357,11 @@ def migrations_sql() -> str:
 GRANTS: dict[str, dict[str, str]] = {
     "relay": {
         "outbox_messages": "SELECT, UPDATE, DELETE",
+        # The ring (outbox.postgres.ring): its shape, and emptying its slots,
+        # whose rows the relay may DELETE already.
+        "outbox_ring": "SELECT",
+        "outbox_messages_0": "TRUNCATE",
+        "outbox_messages_1": "TRUNCATE",
         "outbox_topics": "SELECT",
         "outbox_schema_migrations": "SELECT",
         "outbox_relays": "SELECT, INSERT, UPDATE, DELETE",

@@ -14,18 +14,30 @@ from typing import Any, LiteralString
 
 import anyio
 import psycopg
+import psycopg.errors
 import psycopg_pool
 
 from outbox.errors import NotFound, StoreUnavailable
 from outbox.postgres.errors import translate
 from outbox.postgres.queries import QUERIES
 
-__all__ = ["DEADLINE", "Statements"]
+__all__ = ["DEADLINE", "RERUNS", "Statements"]
 
 DEADLINE = 10.0
 """Longest a store call (each statement of a batched one) may take by default."""
 
 _KEY_UNPARK = QUERIES["key_unpark"]
+
+RERUNS = 3
+"""Times a statement that runs on its own is sent when the server rolled it back
+for a conflict (serialization failure, deadlock): a message the ring's
+rotation moved to the long-stay partition while a claim or an ack was about
+to lock it. Rolled back, it did nothing, so it is simply sent again."""
+
+
+def _last(times: int) -> list[bool]:
+    """For each of ``times`` attempts, whether it is the last."""
+    return [n == times - 1 for n in range(times)]
 
 
 class Statements:
@@ -81,16 +93,30 @@ class Statements:
             raise found from exc
 
     async def fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
-        """The rows of ``query``."""
-        async with self.translated(), self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall()
+        """The rows of ``query`` (a statement of its own: see ``rerun``)."""
+        async with self.translated():
+            for last in _last(RERUNS):
+                try:
+                    async with self.pool.connection() as conn:
+                        cur = await conn.execute(query, params)
+                        return await cur.fetchall()
+                except psycopg.errors.TransactionRollback:
+                    if last:
+                        raise
+        raise AssertionError("unreachable")
 
     async def count(self, query: Any, params: dict[str, Any]) -> int:
-        """How many rows ``query`` changed."""
-        async with self.translated(), self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return cur.rowcount
+        """How many rows ``query`` changed (a statement of its own: see ``rerun``)."""
+        async with self.translated():
+            for last in _last(RERUNS):
+                try:
+                    async with self.pool.connection() as conn:
+                        cur = await conn.execute(query, params)
+                        return cur.rowcount
+                except psycopg.errors.TransactionRollback:
+                    if last:
+                        raise
+        raise AssertionError("unreachable")
 
     async def change_one(self, query: Any, params: dict[str, Any]) -> None:
         """Run ``query`` on the message ``params["id"]``; NotFound if it changed none."""

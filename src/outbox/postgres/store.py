@@ -7,6 +7,7 @@ change it belongs to. Relays claim, ack, retry and bury through the pool.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
@@ -18,7 +19,7 @@ import psycopg
 import psycopg_pool
 
 from outbox.durations import format_duration
-from outbox.errors import NotFound
+from outbox.errors import NotFound, OutboxError, StoreUnavailable, first_line
 from outbox.message import Message
 from outbox.postgres.claims import BY_TOPIC, claim_params, claim_statement
 from outbox.postgres.connection import keepalives
@@ -26,6 +27,7 @@ from outbox.postgres.operator import OperatorQueries
 from outbox.postgres.pool import connect_pool
 from outbox.postgres.producer import add, transaction
 from outbox.postgres.queries import QUERIES
+from outbox.postgres.ring import STAY, Ring, Rotation, SlotPicker
 from outbox.postgres.statements import DEADLINE, Statements
 from outbox.requests import (
     Acked,
@@ -34,6 +36,7 @@ from outbox.requests import (
     ClaimRequest,
     Orphans,
     Outcome,
+    Released,
     Retried,
     Settled,
     Sorted,
@@ -73,6 +76,7 @@ _RETRY_MANY = QUERIES["message_retry_many"]
 _BURY = QUERIES["message_bury"]
 _BURY_MANY = QUERIES["message_bury_many"]
 _RELEASE = QUERIES["message_release"]
+_RING_STATE = QUERIES["ring_state"]
 _RELAY_REGISTER = QUERIES["relay_register"]
 _RELAY_UNREGISTER = QUERIES["relay_unregister"]
 _RELAY_LIST = QUERIES["relay_list"]
@@ -111,6 +115,10 @@ class PostgresStore:
         self.statements = Statements(pool, deadline)
         self.operator = OperatorQueries(self.statements)
         """Inspecting, requeueing and purging, the backlog count, the topic registry."""
+        self.slots = SlotPicker()
+        """Which partitions of the outbox's ring a claim reads."""
+        self.rotation = Rotation(self.statements, self.slots)
+        """Empties the ring's slots (outbox.postgres.ring)."""
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -136,11 +144,14 @@ class PostgresStore:
 
     async def claim_many(self, request: ClaimRequest) -> Claimed:
         token = uuid.uuid4()
-        params = claim_params(request, token)
+        slots, until = await self._where(request)
+        if until is not None and request.after is not None and until < request.after:
+            request = dataclasses.replace(request, after=until)
+        params = claim_params(request, token, slots)
         rows = await self.statements.fetch(claim_statement(params), params)
         claimed = Claimed([_claimed(r, token) for r in rows if r[0] is not None])
         claimed.orphans = len(rows) - len(claimed.messages)
-        ready = [r[9] for r in rows if not r[8]]  # the picked rows' due times, orphans aside
+        ready = [r[10] for r in rows if not r[9]]  # the picked rows' due times, orphans aside
         claimed.last_due = max(ready) if ready else None
         room = (request.limit if request.room is None else request.room) - len(claimed.messages)
         if request.run <= 0 or room <= 0 or request.orphans is Orphans.ONLY:
@@ -165,65 +176,130 @@ class PostgresStore:
             )
         return claimed
 
+    async def _where(self, request: ClaimRequest) -> tuple[list[int], dt.datetime | None]:
+        """The ring's slots ``request`` reads, and the watermark the long-stay
+        partition needs when it is read (see SlotPicker.pick)."""
+        if request.now is not None:  # a test's clock says nothing of the ring's
+            return (self.slots.ring or Ring()).every, None
+        if self.slots.stale():
+            try:
+                [row] = await self.statements.fetch(_RING_STATE, {})
+            except StoreUnavailable:
+                raise
+            except OutboxError as exc:  # a relay granted before the ring (no SELECT on it)
+                self.slots.unread(first_line(exc))
+            else:
+                self.slots.update(row)
+        return self.slots.pick()
+
+    async def rotate(self, *, now: dt.datetime | None = None) -> int:
+        return await self.rotation.once(now)
+
     async def settle(
         self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
     ) -> Settled:
-        by = Sorted.of(outcomes)
-        if by.kinds() > 1:
-            return await self._settle_together(by, now)
-        settled = Settled()
-        if by.acks:
-            settled.acked = await self._acks(by.acks)
-        elif by.retries:
-            settled.retried = await self._retries(by.retries, now)
-        elif by.burials:
-            settled.buried = await self._burials(by.burials, now)
-        elif by.releases:
-            settled.released = await self.release([r.message for r in by.releases], now)
+        settled = await self._settle(Sorted.of(outcomes), now, None)
+        # A message whose lease ran out may have been moved to the long-stay
+        # partition by the ring's rotation: what missed it there is written
+        # there (the same fences: a later claim's lease still refuses it).
+        moved = [o for o in outcomes if o.message.slot not in (None, STAY)]
+        if moved:
+            missed = [o for o in moved if o.message.id not in settled.of(o)]
+            if missed:
+                again = await self._settle(Sorted.of(missed), now, [STAY])
+                settled.acked |= again.acked
+                settled.retried |= again.retried
+                settled.buried |= again.buried
+                settled.released |= again.released
         return settled
 
-    async def _acks(self, acks: list[Acked]) -> set[uuid.UUID]:
+    async def _settle(
+        self, by: Sorted, now: dt.datetime | None, slots: list[int] | None
+    ) -> Settled:
+        """``by`` where each message was claimed (``slots``: there instead)."""
+        if by.kinds() > 1:
+            return await self._settle_together(by, now, slots)
+        settled = Settled()
+        if by.acks:
+            settled.acked = await self._acks(by.acks, slots)
+        elif by.retries:
+            params = _retry_params(by.retries, now, slots or self._slots_of(by.retries))
+            settled.retried = {r[0] for r in await self.statements.fetch(_RETRY_MANY, params)}
+        elif by.burials:
+            params = _bury_params(by.burials, now, slots or self._slots_of(by.burials))
+            rows = await self.statements.fetch(_BURY_MANY, params)
+            await self.statements.unpark((r[1], r[2]) for r in rows)  # where the topic skips them
+            settled.buried = {r[0] for r in rows}
+        elif by.releases:
+            params = self._release_params(by.releases, now, slots)
+            settled.released = {r[0] for r in await self.statements.fetch(_RELEASE, params)}
+        return settled
+
+    def _slots_of(self, outcomes: Iterable[Outcome]) -> list[int]:
+        """The slots the messages of ``outcomes`` were claimed from (every slot
+        when one was not claimed by this store)."""
+        found: set[int] = set()
+        for o in outcomes:
+            slot = o.message.slot
+            if slot is None:
+                return (self.slots.ring or Ring()).every
+            found.add(slot)
+        return sorted(found)
+
+    def _release_params(
+        self, releases: list[Released], now: dt.datetime | None, slots: list[int] | None
+    ) -> dict[str, Any]:
+        ids, tokens = message_ids([r.message for r in releases])
+        return {"ids": ids, "tokens": tokens, "now": now,
+                "slots": slots or self._slots_of(releases)}  # fmt: skip
+
+    async def _acks(self, acks: list[Acked], slots: list[int] | None) -> set[uuid.UUID]:
         """A settlement of acks alone, by the cheapest statement that does them right."""
         ids = [a.message.id for a in acks]
+        slots = slots or self._slots_of(acks)
         keyed = [a for a in acks if a.message.key is not None]
         if not keyed:  # the common case: the plain DELETE, unfenced
-            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids})
+            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids, "slots": slots})
             return _removed(ids, kept)
         # Keyed acks are fenced by their leases (see Acked).
         tokens = _tokens(a.message for a in keyed)
         runs = all(a.run for a in keyed)
         if runs and len(keyed) == len(ids):  # a run's acks alone: no flush to wait for
-            if len(ids) == 1:
+            if len(ids) == 1 and len(slots) == 1:
                 if not tokens:  # never claimed: no lease holds it
                     return set()
-                one = {"id": ids[0], "token": next(iter(tokens))}
+                one = {"id": ids[0], "token": next(iter(tokens)), "slot": slots[0]}
                 return set(ids) if await self.statements.count(_ACK_RUN_ONE, one) else set()
-            params = {"ids": ids, "tokens": list(tokens)}
+            params = {"ids": ids, "tokens": list(tokens), "slots": slots}
             return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
-        params = {"ids": ids, "tokens": list(tokens)}
+        params = {"ids": ids, "tokens": list(tokens), "slots": slots}
         if runs:  # this relay holds each key's next message: nothing to unpark
             [(kept, _)] = await self.statements.fetch(_ACK_KEYED, params)
         else:
             kept = await self._ack_and_unpark(params)
         return _removed(ids, kept)
 
-    async def _settle_together(self, by: Sorted, now: dt.datetime | None) -> Settled:
+    async def _settle_together(
+        self, by: Sorted, now: dt.datetime | None, slots: list[int] | None
+    ) -> Settled:
         """Outcomes of more than one kind in one transaction (pipelined: one round
         trip), so a settlement that fails wrote nothing and can be sent again."""
         steps: list[tuple[Any, dict[str, Any]]] = []  # each but key_unpark returns rows
         if by.acks:
             keyed = [a.message for a in by.acks if a.message.key is not None]
             ids = [a.message.id for a in by.acks]
-            steps.append((_ACK_KEYED, {"ids": ids, "tokens": list(_tokens(keyed))}))
+            where = slots or self._slots_of(by.acks)
+            steps.append((_ACK_KEYED, {"ids": ids, "tokens": list(_tokens(keyed)), "slots": where}))
             if not all(a.run for a in by.acks if a.message.key is not None):
                 steps.append((_KEY_UNPARK, {"pairs": None}))
         if by.retries:
-            steps.append((_RETRY_MANY, _retry_params(by.retries, now)))
+            where = slots or self._slots_of(by.retries)
+            steps.append((_RETRY_MANY, _retry_params(by.retries, now, where)))
         if by.burials:
-            steps.append((_BURY_MANY, _bury_params(by.burials, now)))
+            where = slots or self._slots_of(by.burials)
+            steps.append((_BURY_MANY, _bury_params(by.burials, now, where)))
         if by.releases:
-            ids, tokens = message_ids([r.message for r in by.releases])
-            steps.append((_RELEASE, {"ids": ids, "tokens": tokens, "now": now}))
+            steps.append((_RELEASE, self._release_params(by.releases, now, slots)))
         async with self.statements.translated(), self.pool.connection() as conn:
             async with conn.pipeline():
                 cursors = [await conn.execute(q, p) for q, p in steps]
@@ -243,14 +319,6 @@ class PostgresStore:
         await self.statements.unpark((r[1], r[2]) for r in buried)
         return settled
 
-    async def _retries(self, retries: list[Retried], now: dt.datetime | None) -> set[uuid.UUID]:
-        return {r[0] for r in await self.statements.fetch(_RETRY_MANY, _retry_params(retries, now))}
-
-    async def _burials(self, burials: list[Buried], now: dt.datetime | None) -> set[uuid.UUID]:
-        rows = await self.statements.fetch(_BURY_MANY, _bury_params(burials, now))
-        await self.statements.unpark((r[1], r[2]) for r in rows)  # where the topic skips them
-        return {r[0] for r in rows}
-
     async def ack_many(
         self,
         message_ids: Sequence[uuid.UUID],
@@ -262,10 +330,11 @@ class PostgresStore:
         if not message_ids:
             return set()
         ids = list(message_ids)
+        every = (self.slots.ring or Ring()).every  # ids alone: wherever they are
         if not keyed and tokens is None:  # no key among them: the plain DELETE
-            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids})
+            [(kept,)] = await self.statements.fetch(_ACK_UNKEYED, {"ids": ids, "slots": every})
             return _removed(ids, kept)
-        params = {"ids": ids, "tokens": None if tokens is None else list(tokens)}
+        params = {"ids": ids, "tokens": None if tokens is None else list(tokens), "slots": every}
         if not keyed and not durable:
             return {r[0] for r in await self.statements.fetch(_ACK_RUN, params)}
         if keyed:
@@ -294,33 +363,27 @@ class PostgresStore:
     ) -> set[uuid.UUID]:
         if not items:
             return set()
-        return await self._retries(
-            [Retried(m, delay, reason, m.id not in uncounted) for m, delay, reason in items], now
-        )
+        retries = [Retried(m, delay, reason, m.id not in uncounted) for m, delay, reason in items]
+        return (await self.settle(retries, now=now)).retried
 
     async def bury_many(
         self, items: Sequence[tuple[Message, str]], *, now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         if not items:
             return set()
-        return await self._burials([Buried(m, reason) for m, reason in items], now)
+        return (await self.settle([Buried(m, reason) for m, reason in items], now=now)).buried
 
     async def release(
         self, messages: Sequence[Message], now: dt.datetime | None = None
     ) -> set[uuid.UUID]:
         if not messages:
             return set()
-        ids, tokens = message_ids(messages)
-        return {
-            r[0]
-            for r in await self.statements.fetch(
-                _RELEASE, {"ids": ids, "tokens": tokens, "now": now}
-            )
-        }
+        return (await self.settle([Released(m) for m in messages], now=now)).released
 
     async def ack(self, message_id: uuid.UUID) -> None:
         # The relay's keyed ack without a lease: removed and unparked together.
-        if await self._ack_and_unpark({"ids": [message_id], "tokens": None}):
+        every = (self.slots.ring or Ring()).every
+        if await self._ack_and_unpark({"ids": [message_id], "tokens": None, "slots": every}):
             raise NotFound(message_id)
 
     async def retry(self, message_id: uuid.UUID, at: dt.datetime, reason: str) -> bool:
@@ -496,9 +559,12 @@ def _tokens(messages: Iterable[Message]) -> set[uuid.UUID]:
     return tokens
 
 
-def _retry_params(retries: list[Retried], now: dt.datetime | None) -> dict[str, Any]:
+def _retry_params(
+    retries: list[Retried], now: dt.datetime | None, slots: list[int]
+) -> dict[str, Any]:
     return {
         "now": now,
+        "slots": slots,
         "ids": [r.message.id for r in retries],
         "tokens": [r.message.lease for r in retries],
         "delays": [r.delay for r in retries],
@@ -507,9 +573,12 @@ def _retry_params(retries: list[Retried], now: dt.datetime | None) -> dict[str, 
     }
 
 
-def _bury_params(burials: list[Buried], now: dt.datetime | None) -> dict[str, Any]:
+def _bury_params(
+    burials: list[Buried], now: dt.datetime | None, slots: list[int]
+) -> dict[str, Any]:
     return {
         "now": now,
+        "slots": slots,
         "ids": [b.message.id for b in burials],
         "tokens": [b.message.lease for b in burials],
         "reasons": [b.reason for b in burials],
@@ -527,7 +596,8 @@ def _relay(r: Any) -> RelayInfo:
 
 def _claimed(r: Any, token: uuid.UUID) -> Message:
     """The Message of a row of message_claim or message_claim_run: id, topic,
-    payload, created_at, attempts, key, seq, headers (then the claim's orphan)."""
+    payload, created_at, attempts, key, seq, headers, slot (then the claim's
+    orphan and due time)."""
     return Message(
         id=r[0],
         topic=r[1],
@@ -537,4 +607,5 @@ def _claimed(r: Any, token: uuid.UUID) -> Message:
         key=r[5],
         headers=r[7] or {},
         lease=token,
+        slot=r[8],
     )

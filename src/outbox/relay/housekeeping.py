@@ -64,6 +64,7 @@ class Housekeeper:
         self._routes_at: dt.datetime | None = None
         self._beat_at: dt.datetime | None = None
         self._sweep_at: dt.datetime | None = None
+        self._rotation_told: str | None = None
 
     @property
     def routed(self) -> bool:
@@ -81,6 +82,29 @@ class Housekeeper:
         if force or self._sweep_at is None or now >= self._sweep_at:
             await self.fleet.sweep()
             self._sweep_at = now + self.fleet.sweep_every
+        await self.rotate()
+
+    async def rotate(self) -> None:
+        """Empty what the store no longer fills (outbox.postgres.ring). A failure
+        here never makes the relay unready (delivery goes on; the space waits):
+        it is said once a cause, and again once it works."""
+        try:
+            await self.store.rotate()
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            said = first_line(exc)
+            if said != self._rotation_told:
+                self._rotation_told = said
+                log.warning(
+                    "could not empty the outbox's storage: %s; delivery goes on, and "
+                    "the space of settled messages is returned once this works",
+                    said,
+                )
+        else:
+            if self._rotation_told is not None:
+                log.info("the outbox's storage is emptied again")
+            self._rotation_told = None
 
     async def refresh_topics(self) -> None:
         """Read the topic registry now (once() does it at most once an interval)."""

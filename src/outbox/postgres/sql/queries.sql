@@ -92,18 +92,28 @@ ORDER BY m.n;
 -- there for the claims since (what SKIP LOCKED or a cap passed over waits
 -- for the next claim without one). The picked rows' due times are returned,
 -- for the next watermark.
--- (t is the statement's time and its watermark, read once; the statement
--- stays under the 4,096 bytes psycopg caches the parse of.)
+-- %(a)s is the watermark, '-infinity' for none. Each read's bounds are
+-- written out, not read from t (the statement's time for its writes): a
+-- bound the planner can see makes it expect the rows a claim finds, so it
+-- reads the partitions of the ring (%(slots)s, below) index by index in
+-- order and stops at the limit, where bounds it cannot see made it expect a
+-- few and sort them all.
+--
+-- %(slots)s are the partitions of the outbox's ring a claim reads
+-- (outbox.postgres.ring): a constant, so the planner prunes the others and
+-- plans one partition where it could plan three. Each row's slot is
+-- returned: the relay's write-backs go to that partition alone.
+-- (Each form of the statement stays under the 4,096 bytes psycopg caches
+-- the parse of.)
 WITH t AS MATERIALIZED (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS now,
-           coalesce(%(after)s::timestamptz, '-infinity') AS a
+    SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
 ready AS MATERIALIZED (
     SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size,
-           key, seq, topic
+           key, seq, slot, topic
     FROM outbox_messages
-    WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL
-      AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
+    WHERE NOT %(by_topic)s AND buried_at IS NULL AND leased_until IS NULL AND slot = ANY(%(slots)s::int2[])
+      AND due_at BETWEEN %(a)s::timestamptz AND coalesce(%(now)s::timestamptz, now())
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
       AND NOT %(solo)s
     ORDER BY due_at, id
@@ -117,10 +127,10 @@ ready_by_topic AS MATERIALIZED (
     FROM unnest(CASE WHEN %(by_topic)s AND NOT %(solo)s
                      THEN string_to_array(%(topics)s::text, ',') END) AS k(topic)
     CROSS JOIN LATERAL (
-        SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size, key, seq
+        SELECT id, due_at, false AS orphan, octet_length(payload::text) AS size, key, seq, slot
         FROM outbox_messages
-        WHERE buried_at IS NULL AND leased_until IS NULL
-          AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
+        WHERE buried_at IS NULL AND leased_until IS NULL AND slot = ANY(%(slots)s::int2[])
+          AND due_at BETWEEN %(a)s::timestamptz AND coalesce(%(now)s::timestamptz, now())
           AND topic = k.topic
         ORDER BY due_at, id
         LIMIT %(limit)s
@@ -129,9 +139,9 @@ ready_by_topic AS MATERIALIZED (
 ),
 orphans AS MATERIALIZED (
     SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
-           key, seq, topic
+           key, seq, slot, topic
     FROM outbox_messages
-    WHERE buried_at IS NULL AND leased_until BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
+    WHERE buried_at IS NULL AND slot = ANY(%(slots)s::int2[]) AND leased_until BETWEEN %(a)s::timestamptz AND coalesce(%(now)s::timestamptz, now())
       AND (%(topics)s::text IS NULL OR topic IN (SELECT unnest(string_to_array(%(topics)s::text, ','))))
     ORDER BY due_at, id
     LIMIT %(limit)s
@@ -143,10 +153,10 @@ capped AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT * FROM (
             SELECT id, due_at, false AS orphan,
-                   octet_length(payload::text) AS size, key, seq
+                   octet_length(payload::text) AS size, key, seq, slot
             FROM outbox_messages
-            WHERE buried_at IS NULL AND leased_until IS NULL
-              AND due_at BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
+            WHERE buried_at IS NULL AND leased_until IS NULL AND slot = ANY(%(slots)s::int2[])
+              AND due_at BETWEEN %(a)s::timestamptz AND coalesce(%(now)s::timestamptz, now())
               AND topic = k.topic
               AND NOT %(solo)s
             ORDER BY due_at, id
@@ -156,9 +166,9 @@ capped AS MATERIALIZED (
         UNION ALL
         SELECT * FROM (
             SELECT id, due_at, true AS orphan, octet_length(payload::text) AS size,
-                   key, seq
+                   key, seq, slot
             FROM outbox_messages
-            WHERE buried_at IS NULL AND leased_until BETWEEN (SELECT a FROM t) AND (SELECT now FROM t)
+            WHERE buried_at IS NULL AND slot = ANY(%(slots)s::int2[]) AND leased_until BETWEEN %(a)s::timestamptz AND coalesce(%(now)s::timestamptz, now())
               AND topic = k.topic
             ORDER BY due_at, id
             LIMIT k.n
@@ -230,13 +240,15 @@ claimed AS (
         lease_token = CASE WHEN m.id NOT IN (SELECT id FROM behind) THEN %(token)s::uuid END,
         lease_solo = %(solo)s AND m.id NOT IN (SELECT id FROM behind)
     FROM t
-    WHERE m.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM behind))
+    WHERE m.slot = ANY(%(slots)s::int2[])
+      AND m.id = ANY(ARRAY(SELECT id FROM picked UNION ALL SELECT id FROM behind))
       -- Isolating, an orphan is left for a solo claim, and nothing behind it
       -- in line is taken before it is delivered (a parked row is not taken).
       AND (%(solo)s OR NOT %(isolate)s OR m.id IN (SELECT id FROM behind)
            OR m.leased_until IS NULL AND NOT EXISTS (
                SELECT 1 FROM first_orphan AS f WHERE (m.due_at, m.id) > (f.due_at, f.id)))
-    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
+    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers,
+              m.slot
 )
 SELECT c.*, p.orphan, p.due_at
 FROM picked AS p
@@ -286,7 +298,8 @@ ran AS (
     -- row (once per row of the run, for a join): tens of milliseconds.
     WHERE m.id = ANY(ARRAY(SELECT id FROM run))
       AND coalesce(m.leased_until, 'infinity') = 'infinity' AND m.buried_at IS NULL
-    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers
+    RETURNING m.id, m.topic, m.payload::text, m.created_at, m.attempts, m.key, m.seq, m.headers,
+              m.slot
 )
 SELECT * FROM ran ORDER BY topic, key, seq;
 
@@ -294,7 +307,11 @@ SELECT * FROM ran ORDER BY topic, key, seq;
 -- message_ack_keyed for messages without a key: nothing to fence, nothing to
 -- unpark. Returns the ids it did not remove (as a rule none: a short answer;
 -- another relay acked them after their lease ran out, or an operator did).
-WITH gone AS (DELETE FROM outbox_messages WHERE id = ANY(%(ids)b::uuid[]) RETURNING id)
+WITH gone AS (
+    DELETE FROM outbox_messages
+    WHERE slot = ANY(%(slots)s::int2[]) AND id = ANY(%(ids)b::uuid[])
+    RETURNING id
+)
 SELECT CASE WHEN (SELECT count(*) FROM gone) < cardinality(%(ids)b::uuid[]) THEN
            ARRAY(SELECT i FROM unnest(%(ids)b::uuid[]) AS i WHERE i NOT IN (SELECT id FROM gone))
        ELSE '{}' END;
@@ -310,7 +327,7 @@ SELECT CASE WHEN (SELECT count(*) FROM gone) < cardinality(%(ids)b::uuid[]) THEN
 -- lasts until this statement's own commit: one round trip, nothing left on
 -- the connection (safe behind a transaction pooler).
 DELETE FROM outbox_messages
-WHERE id = ANY(%(ids)b::uuid[])
+WHERE slot = ANY(%(slots)s::int2[]) AND id = ANY(%(ids)b::uuid[])
   AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING id;
@@ -320,7 +337,7 @@ RETURNING id;
 -- scalar parameters, where a one-element array costs the relay a dump and
 -- the server a scan of it; the row count says whether it was removed.
 DELETE FROM outbox_messages
-WHERE id = %(id)s
+WHERE slot = %(slot)s::int2 AND id = %(id)s
   AND (key IS NULL OR %(token)s::uuid IS NULL OR lease_token = %(token)s::uuid)
   AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off';
 
@@ -347,7 +364,7 @@ WHERE id = %(id)s
 -- acks unpark behind one key at once.
 WITH gone AS (
     DELETE FROM outbox_messages
-    WHERE id = ANY(%(ids)b::uuid[])
+    WHERE slot = ANY(%(slots)s::int2[]) AND id = ANY(%(ids)b::uuid[])
       AND (key IS NULL OR %(tokens)b::uuid[] IS NULL OR lease_token = ANY(%(tokens)b::uuid[]))
     RETURNING id, topic, key
 )
@@ -420,7 +437,8 @@ SET due_at = coalesce(%(now)s::timestamptz, now()) + o.delay,
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(delays)s::interval[], %(reasons)s::text[],
             %(counted)s::boolean[])
      AS o(id, token, delay, reason, counted)
-WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
+WHERE m.slot = ANY(%(slots)s::int2[]) AND m.id = o.id AND m.lease_token = o.token
+  AND m.buried_at IS NULL
 RETURNING m.id;
 
 -- message_bury --
@@ -440,7 +458,8 @@ UPDATE outbox_messages AS m
 SET buried_at = coalesce(%(now)s::timestamptz, now()), leased_until = NULL,
     last_error = o.reason
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(reasons)s::text[]) AS o(id, token, reason)
-WHERE m.id = o.id AND m.lease_token = o.token AND m.buried_at IS NULL
+WHERE m.slot = ANY(%(slots)s::int2[]) AND m.id = o.id AND m.lease_token = o.token
+  AND m.buried_at IS NULL
 RETURNING m.id, m.topic, m.key;
 
 -- message_release --
@@ -451,7 +470,7 @@ UPDATE outbox_messages AS m
 SET leased_until = NULL,
     attempts = greatest(m.attempts - 1, 0)
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS o(id, token)
-WHERE m.id = o.id
+WHERE m.slot = ANY(%(slots)s::int2[]) AND m.id = o.id
   AND m.buried_at IS NULL
   AND (o.token IS NULL OR m.lease_token = o.token)
 RETURNING m.id;
@@ -987,12 +1006,13 @@ ORDER BY name, kind;
 -- schema_triggers --
 -- Triggers on outbox tables other than those named in %(allowed)s: the
 -- product creates none, and one it did not create sees every payload (a
--- DBA's own audit trigger is allowed by naming it).
+-- DBA's own audit trigger is allowed by naming it). One on the partitioned
+-- outbox_messages counts once, not again on each partition it is cloned to.
 SELECT t.tgname, c.relname
 FROM pg_trigger AS t
 JOIN pg_class AS c ON c.oid = t.tgrelid
 WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
-  AND c.relname LIKE 'outbox\_%%' AND NOT t.tgisinternal
+  AND c.relname LIKE 'outbox\_%%' AND NOT t.tgisinternal AND t.tgparentid = 0
   AND NOT t.tgname = ANY(%(allowed)s::text[])
 ORDER BY 2, 1;
 
@@ -1031,3 +1051,46 @@ SELECT coalesce(extract(epoch FROM now() - min(since)), 0)::float8,
        (SELECT coalesce(sum(n_dead_tup), 0) FROM tables)::bigint,
        (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM tables)::bigint
 FROM holders;
+
+-- ring_state --
+-- The ring (outbox_ring: how many slots, how many seconds each) and the
+-- database's clock in seconds since the epoch (the clock an insert's slot is
+-- read from), and when the long-stay partition next holds a message to claim:
+-- the earliest due time of its ready rows or the earliest end of a lease in
+-- it (NULL: none). Each is one look into an index of the long-stay partition.
+SELECT r.slots, r.seconds, extract(epoch FROM clock_timestamp())::float8,
+       extract(epoch FROM least(
+           (SELECT min(due_at) FROM outbox_messages
+            WHERE slot = -1 AND buried_at IS NULL AND leased_until IS NULL),
+           (SELECT min(leased_until) FROM outbox_messages
+            WHERE slot = -1 AND buried_at IS NULL AND leased_until IS NOT NULL
+              AND leased_until <> 'infinity')))::float8
+FROM outbox_ring AS r;
+
+-- ring_move --
+-- Move up to %(limit)s messages out of ring slot %(slot)s into the long-stay
+-- partition (slot -1), so that the slot can be emptied: each one no lease
+-- holds (waiting, due later, buried, parked behind its key) or whose lease
+-- ended (an orphan). A message in flight stays: its relay settles it where
+-- it is. An UPDATE of the partition key, which PostgreSQL carries out as a
+-- delete from the slot and an insert into the long-stay partition (the
+-- UPDATE privilege is all it needs); rows a claim or a write holds are
+-- passed over. Returns how many moved.
+WITH picked AS MATERIALIZED (
+    SELECT id FROM outbox_messages
+    WHERE slot = %(slot)s::int2
+      AND (leased_until IS NULL OR leased_until = 'infinity'
+           OR leased_until <= coalesce(%(now)s::timestamptz, now()))
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_messages AS m SET slot = -1
+WHERE m.slot = %(slot)s::int2 AND m.id = ANY(ARRAY(SELECT id FROM picked));
+
+-- ring_empty --
+-- Whether ring slot %(slot)s holds no message, and the size of its
+-- partition (what emptying it returns). Under the partition's ACCESS
+-- EXCLUSIVE lock no insert into it is in progress, so the answer holds
+-- until the TRUNCATE that follows in the same transaction.
+SELECT NOT EXISTS (SELECT 1 FROM outbox_messages WHERE slot = %(slot)s::int2),
+       pg_total_relation_size(to_regclass(%(partition)s::text));

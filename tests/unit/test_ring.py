@@ -1,0 +1,63 @@
+"""The ring's arithmetic: which slot an insert goes to, which slots a claim reads,
+which the rotation may empty (outbox.postgres.ring; no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from outbox.postgres.ring import STAY, Ring, SlotPicker
+
+RING = Ring(slots=2, seconds=10)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "slot"), [(0.0, 0), (9.99, 0), (10.0, 1), (19.5, 1), (20.0, 0), (1e9 + 5, 0)]
+)
+def test_an_insert_goes_to_the_slot_of_its_time(epoch: float, slot: int) -> None:
+    assert RING.current(epoch) == slot
+
+
+def test_a_claim_reads_the_slot_before_only_for_the_grace_after_the_turn() -> None:
+    assert RING.grace == 2.0
+    assert RING.live(20.5) == [0, 1]  # 0 is current; 1 still holds its last messages
+    assert RING.live(21.9) == [0, 1]
+    assert RING.live(22.0) == [0]
+    assert RING.live(29.9) == [0]
+    assert RING.every == [STAY, 0, 1]
+
+
+def test_the_rotation_empties_a_slot_only_between_two_graces() -> None:
+    # Slot 1 stopped being current at 20 and is current again at 30.
+    assert RING.emptiable(21.9) == []  # its last transactions may still commit
+    assert RING.emptiable(22.0) == [1]
+    assert RING.emptiable(28.0) == [1]
+    assert RING.emptiable(28.1) == []  # producers are about to insert into it
+    three = Ring(slots=3, seconds=10)  # slot 2 is current from 20 to 30
+    assert three.emptiable(25.0) == [0, 1]
+    assert three.emptiable(21.0) == [0]  # slot 1 was current until 20
+
+
+def test_a_picker_reads_every_slot_first_then_the_live_ones_and_stay_while_it_is_due() -> None:
+    picker = SlotPicker()
+    picker.update((2, 10, 25.0, None))  # the database's clock: 25 s, nothing in stay
+    assert picker.pick() == ([STAY, 0, 1], None)  # the first claim looks everywhere
+    slots, until = picker.pick()
+    assert (slots, until) == ([RING.current(25.0)], None)
+
+    picker.update((2, 10, 25.0, 24.0))  # stay holds a message due a second ago
+    slots, until = picker.pick()
+    assert slots[0] == STAY
+    assert until is not None and until.timestamp() == 24.0  # read from its due time
+
+    picker.update((2, 10, 25.0, 60.0))  # due later: not read yet
+    assert STAY not in picker.pick()[0]
+    picker.moved()  # this store just moved messages there
+    assert picker.pick()[0][0] == STAY
+
+
+def test_a_ring_that_cannot_be_read_makes_every_claim_read_everything() -> None:
+    picker = SlotPicker()
+    picker.unread("permission denied for table outbox_ring")
+    assert picker.pick() == ([STAY, 0, 1], None)
+    assert picker.pick() == ([STAY, 0, 1], None)
+    assert not picker.stale()  # tried again in a minute, not at every claim
