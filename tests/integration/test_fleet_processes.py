@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import socket
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -224,7 +225,7 @@ def test_two_relays_deliver_everything_once_while_a_report_holds_a_snapshot(
         report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         report.execute("SELECT count(*) FROM outbox_topics").fetchone()
         files = _ring_files(db)
-        ids: list[str] = []
+        ids: list[uuid.UUID] = []
 
         def emptied() -> bool:
             """Both ring slots were truncated under the held snapshot (new files:
@@ -263,7 +264,7 @@ def _ring_files(db: str) -> dict[str, int]:
         " AND relnamespace = to_regnamespace(current_schema())",
     )
     assert len(rows) == 2, rows
-    return {name: int(node) for name, node in rows}
+    return {str(name): int(str(node)) for name, node in rows}
 
 
 def _noted(db: str) -> bool:

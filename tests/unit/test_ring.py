@@ -47,7 +47,8 @@ def test_a_picker_reads_every_slot_first_then_the_live_ones_and_stay_while_it_is
     picker.update((2, 10, 25.0, 24.0))  # stay holds a message due a second ago
     slots, until = picker.pick()
     assert slots[0] == STAY
-    assert until is not None and until.timestamp() == 24.0  # read from its due time
+    assert until is not None
+    assert until.timestamp() == 24.0  # read from its due time
 
     picker.update((2, 10, 25.0, 60.0))  # due later: not read yet
     assert STAY not in picker.pick()[0]
