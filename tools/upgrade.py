@@ -16,7 +16,7 @@ import psycopg
 from outbox import new_message
 from outbox.postgres import add_sync
 from outbox.postgres.queries import migrations
-from outbox.postgres.schema import BOOKKEEPING, LOCK_TIMEOUT, RECORD
+from outbox.postgres.schema import BOOKKEEPING, LOCK_TIMEOUT, RECORD, statements, transactional
 
 BEFORE_INDEX_BUILDS = 6
 """The last migration of the release before migrations 7 and 8 (index builds)."""
@@ -28,7 +28,8 @@ def earlier_release(conninfo: str, rows: int, upto: int = BEFORE_INDEX_BUILDS) -
         conn.execute(BOOKKEEPING)
         for version, name, sql in migrations():
             if version <= upto:
-                conn.execute(sql.encode())
+                for part in [sql] if transactional(sql) else statements(sql):
+                    conn.execute(part.encode())
                 conn.execute(RECORD, {"version": version, "name": name})
         conn.execute(
             "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
