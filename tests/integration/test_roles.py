@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 from outbox import new_message
 from outbox.handlers import HandlerKinds
 from outbox.postgres import PostgresStore, add_sync, connect_pool
+from outbox.postgres.ring import set_period
 from tests.integration import recording
 from tests.integration.process import RelayProcess, count, run_outbox, wait_until
 
@@ -262,3 +263,45 @@ def test_a_pinned_schema_holds_the_tables_whatever_the_connections_search_path(
     )
     assert migrated.returncode == 0, migrated.stderr
     assert after == before, "nothing was created outside the pinned schema"
+
+
+def test_a_relay_that_may_not_truncate_says_so_once_and_delivers_on(
+    roles: Roles, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    assert run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner")).returncode == 0
+    n = roles.names
+    grants = run_outbox("migrate", "--grants", f"relay={n['relay']}", f"producer={n['app']}",
+                        "--schema", roles.schema)  # fmt: skip
+    with psycopg.connect(roles.url("owner"), autocommit=True) as owner:
+        owner.execute(grants.stdout.encode())
+        owner.execute(  # a DBA who granted the relay what it had before the ring
+            sql.SQL("REVOKE TRUNCATE ON outbox_messages_0, outbox_messages_1 FROM {}").format(
+                sql.Identifier(n["relay"])
+            )
+        )
+        set_period(owner, 1)  # a slot a second: the first one to empty comes soon
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=roles.url("relay"),
+        OUTBOX_INTERVAL="100ms",
+        OUTBOX_HANDLERS="tests.integration.recording:file_handlers",
+        RECORDING_FILE=str(tmp_path / "starts"),
+    )
+    relays.append(relay)
+    relay.wait_ready()
+
+    said = "could not empty the outbox's storage"
+    for _ in range(3):  # messages in both slots, delivered while neither can be emptied
+        with psycopg.connect(roles.url("app"), autocommit=True) as app, app.transaction():
+            add_sync(app, *(new_message(recording.TOPIC, {"n": i}) for i in range(20)))
+        wait_until("delivery", lambda: count(roles.url("owner"), _LEFT) == 0)
+        wait_until("the refusal said", lambda: said in relay.log)
+
+    assert relay.status("/readyz") == 200, "delivery goes on: the relay stays ready"
+    lines = [r["message"] for r in relay.log_records() if said in r["message"]]
+    assert len(lines) == 1, lines
+    assert "permission denied for table outbox_messages_" in lines[0]
+    assert "Traceback" not in relay.log
+
+
+_LEFT = "SELECT count(*) FROM outbox_messages"
