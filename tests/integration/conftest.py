@@ -13,6 +13,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from outbox.postgres import migrate
+from outbox.postgres.ring import set_period
 from tests.integration import recording
 from tests.integration.hooks import Receiver, serving
 from tests.integration.process import RelayProcess, query
@@ -20,9 +21,14 @@ from tests.integration.process import RelayProcess, query
 
 @pytest.fixture
 def db(pg_conninfo: str) -> str:
-    """A migrated schema with the recording handler's table."""
+    """A migrated schema with the recording handler's table, and a test-sized
+    ring: slots of a second, so the relays' rotation moves and truncates under
+    every process test (kills, stalls, skewed clocks, keys) as it would over
+    minutes of production."""
     anyio.run(migrate, pg_conninfo)
     query(pg_conninfo, recording.DDL)
+    with psycopg.connect(pg_conninfo, autocommit=True) as conn:
+        set_period(conn, 1)
     return pg_conninfo
 
 

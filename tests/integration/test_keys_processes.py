@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import io
 import itertools
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import tarfile
 import uuid
 from pathlib import Path
 
@@ -24,6 +20,7 @@ from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
 from tests.integration.process import REPO, RelayProcess, count, query, run_outbox, wait_until
+from tests.integration.releases import export_release
 from tests.tools import require_library
 
 KEYS, PER_KEY = 60, 25
@@ -298,25 +295,8 @@ knows no `headers` column, the shape of a relay a rolling upgrade leaves behind.
 
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """PREVIOUS's src/, exported from this checkout's git history."""
-    into = tmp_path_factory.mktemp("previous")
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS, "src"],
-        capture_output=True,
-        check=False,
-    )
-    assert archive.returncode == 0, f"git archive {PREVIOUS}: {archive.stderr.decode()[-300:]}"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    # What a relay started with it on PYTHONPATH imports: the release without headers.
-    probe = subprocess.run(
-        [sys.executable, "-c", "import outbox.headers"],
-        env={**os.environ, "PYTHONPATH": str(into / "src")},
-        capture_output=True,
-        check=False,
-    )
-    assert b"No module named 'outbox.headers'" in probe.stderr, probe.stderr
-    return into / "src"
+    """PREVIOUS's src/: the release without headers."""
+    return export_release(PREVIOUS, tmp_path_factory.mktemp("previous"), "outbox.headers")
 
 
 def test_keys_stay_in_order_across_a_fleet_of_two_versions_killed_mid_backlog(

@@ -5,12 +5,8 @@ is lost, no key goes out of order, both releases deliver."""
 from __future__ import annotations
 
 import functools
-import io
 import os
 import signal
-import subprocess
-import sys
-import tarfile
 import threading
 from pathlib import Path
 
@@ -21,6 +17,7 @@ from outbox import new_message
 from outbox.postgres import add_sync
 from tests.integration import recording
 from tests.integration.process import REPO, RelayProcess, count, query, run_outbox, wait_until
+from tests.integration.releases import export_release
 from tests.integration.test_keys_processes import (
     _add_keyed,
     _assert_in_order_and_complete,
@@ -41,24 +38,10 @@ SCHEMA_BEFORE_RING = 15
 
 @pytest.fixture(scope="module")
 def before_ring(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """BEFORE_RING's src/, exported from this checkout's git history."""
-    into = tmp_path_factory.mktemp("before-ring")
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", BEFORE_RING, "src"],
-        capture_output=True,
-        check=False,
+    """BEFORE_RING's src/: the release without the ring."""
+    return export_release(
+        BEFORE_RING, tmp_path_factory.mktemp("before-ring"), "outbox.postgres.ring"
     )
-    assert archive.returncode == 0, f"git archive {BEFORE_RING}: {archive.stderr.decode()[-300:]}"
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    probe = subprocess.run(
-        [sys.executable, "-c", "import outbox.postgres.ring"],
-        env={**os.environ, "PYTHONPATH": str(into / "src")},
-        capture_output=True,
-        check=False,
-    )
-    assert b"No module named 'outbox.postgres.ring'" in probe.stderr, probe.stderr
-    return into / "src"
 
 
 def test_a_fleet_of_the_release_before_keeps_delivering_through_the_upgrade_to_the_ring(

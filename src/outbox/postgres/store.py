@@ -1,8 +1,11 @@
-"""The PostgreSQL store: one table, one partial index, FOR UPDATE SKIP LOCKED.
+"""The PostgreSQL store: one table, partitioned as a ring, FOR UPDATE SKIP LOCKED.
 
 Producers add messages through their own transaction (``begin()`` or a
 connection they already hold), so a message commits or rolls back with the
-change it belongs to. Relays claim, ack, retry and bury through the pool.
+change it belongs to. Relays claim, ack, retry and bury through the pool,
+each claim reading only the partitions of the ring that may hold due
+messages, each write-back the partition its message was claimed from
+(outbox.postgres.ring).
 """
 
 from __future__ import annotations
