@@ -27,6 +27,7 @@ import uuid
 
 from bench.claim_statement import _queries, migrated_at, topics_param
 from bench.server import arguments, postgres
+from outbox.postgres.claims import EVERY_SLOT
 
 SERVED, PAUSED = "orders.placed", "billing.invoice"
 BY_TOPIC = 32  # outbox.postgres.store.BY_TOPIC; earlier commits ignore the parameter
@@ -63,6 +64,8 @@ def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: in
             "solo": False,
             "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
             "by_topic": len(served) <= BY_TOPIC,
+            "a": "-infinity",  # no watermark (earlier commits ignore it)
+            "slots": EVERY_SLOT,  # every partition of the ring (earlier commits ignore it)
         }
         took = []
         for _ in range(claims):

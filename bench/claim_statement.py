@@ -27,6 +27,7 @@ import psycopg
 from psycopg import sql
 
 from bench.server import arguments, postgres
+from outbox.postgres.claims import EVERY_SLOT
 from outbox.postgres.schema import statements
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,8 +115,11 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
             "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
             "by_topic": not every,  # one topic, as the store claims it
             "after": None,  # no watermark: no snapshot held (earlier commits ignore it)
+            "a": "-infinity",  # the same, since the ring
+            "slots": EVERY_SLOT,  # every partition of the ring (earlier commits ignore it)
         }
-        done, elapsed = claim_and_ack(conn, claim, ack, params, {"tokens": None})
+        acks = {"tokens": None, "slots": EVERY_SLOT}
+        done, elapsed = claim_and_ack(conn, claim, ack, params, acks)
     assert done == n, f"{done} of {n} acked"
     return n / elapsed
 

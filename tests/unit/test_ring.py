@@ -62,3 +62,11 @@ def test_a_ring_that_cannot_be_read_makes_every_claim_read_everything() -> None:
     assert picker.pick() == ([STAY, 0, 1], None)
     assert picker.pick() == ([STAY, 0, 1], None)
     assert not picker.stale()  # tried again in a minute, not at every claim
+
+
+def test_a_slot_with_a_backlog_being_moved_is_read_meanwhile() -> None:
+    picker = SlotPicker()
+    picker.update((2, 10, 25.0, None))
+    picker.pick()  # the first look, everywhere
+    picker.draining(1)  # slot 1 (not current at 25 s) holds more than a pass moves
+    assert picker.pick()[0] == [0, 1]

@@ -113,6 +113,7 @@ class SlotPicker:
         self._read_at = -math.inf
         self._every_at = 0.0
         self._unread: str | None = None
+        self._draining: dict[int, float] = {}
 
     def stale(self) -> bool:
         """Whether the ring's state is due to be read again."""
@@ -152,11 +153,20 @@ class SlotPicker:
             self._every_at = time.monotonic() + EVERY
             return ring.every, None
         slots = ring.live(epoch)
+        if self._draining:
+            now = time.monotonic()
+            self._draining = {slot: until for slot, until in self._draining.items() if until > now}
+            slots = sorted({*slots, *self._draining})
         if self._stay_next is not None and self._stay_next <= epoch:
             if self._stay_next == -math.inf:  # moved just now: due whenever
                 return [STAY, *slots], dt.datetime.min.replace(tzinfo=dt.UTC)
             return [STAY, *slots], dt.datetime.fromtimestamp(self._stay_next, dt.UTC)
         return slots, None
+
+    def draining(self, slot: int) -> None:
+        """The rotation found more waiting in ``slot`` than one pass moves (a
+        backlog): claims read it too meanwhile, as they read what was moved."""
+        self._draining[slot] = time.monotonic() + 2 * REFRESH
 
     def moved(self) -> None:
         """This store just moved messages to the long-stay partition: read it."""
@@ -182,14 +192,19 @@ class Rotation:
         epoch = row[2] if now is None else now.timestamp()
         moved = 0
         for slot in ring.emptiable(epoch):
+            last = None
             for _ in range(MOVES):
-                n = await self.statements.count(
-                    _MOVE, {"slot": slot, "limit": MOVE_BATCH, "now": now}
+                ids = await self.statements.fetch(
+                    _MOVE, {"slot": slot, "limit": MOVE_BATCH, "now": now, "from": last}
                 )
-                moved += n
-                if n < MOVE_BATCH:
+                moved += len(ids)
+                if ids:
+                    last = max(r[0] for r in ids)
+                if len(ids) < MOVE_BATCH:
                     await self._truncate(slot)
                     break
+            else:
+                self.picker.draining(slot)
         if moved:
             self.picker.moved()
         return moved

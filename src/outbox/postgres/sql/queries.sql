@@ -1075,17 +1075,22 @@ FROM outbox_ring AS r;
 -- it is. An UPDATE of the partition key, which PostgreSQL carries out as a
 -- delete from the slot and an insert into the long-stay partition (the
 -- UPDATE privilege is all it needs); rows a claim or a write holds are
--- passed over. Returns how many moved.
+-- passed over. Read in the order of ids from %(from)s (NULL: the first), the
+-- last batch's highest: what a batch moved stays behind as dead rows, which
+-- the next batch does not walk again (a held snapshot keeps them). Returns
+-- the ids moved.
 WITH picked AS MATERIALIZED (
     SELECT id FROM outbox_messages
-    WHERE slot = %(slot)s::int2
+    WHERE slot = %(slot)s::int2 AND (%(from)s::uuid IS NULL OR id > %(from)s::uuid)
       AND (leased_until IS NULL OR leased_until = 'infinity'
            OR leased_until <= coalesce(%(now)s::timestamptz, now()))
+    ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_messages AS m SET slot = -1
-WHERE m.slot = %(slot)s::int2 AND m.id = ANY(ARRAY(SELECT id FROM picked));
+WHERE m.slot = %(slot)s::int2 AND m.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING m.id;
 
 -- ring_empty --
 -- Whether ring slot %(slot)s holds no message, and the size of its
