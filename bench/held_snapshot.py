@@ -339,6 +339,14 @@ def main() -> int:
             f"end of the hold: {pending / args.rate:.1f} s of production pending;"
             f" relations {size / free_size if free_size else float('nan'):.2f}x free"
         )
+    # The ring empties a slot every few seconds: its size is a saw, so each
+    # phase's largest sample is compared with the free phase's largest.
+    end = args.free + args.hold
+    for name, lo, hi in (("held", args.free, end), ("the 5 min after", end, end + 300)):
+        sizes = [s[1] for s in got["samples"] if lo < s[0] <= hi]
+        if sizes and free_size:
+            print(f"largest, {name}: {max(sizes) / 2**20:.1f} MiB ({max(sizes) / free_size:.2f}x"
+                  f" the free phase's largest, {free_size / 2**20:.1f} MiB)")  # fmt: skip
     return 0
 
 
