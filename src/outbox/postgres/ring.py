@@ -48,6 +48,9 @@ MOVE_BATCH = 1000
 """Messages moved to the long-stay partition in one statement (and commit)."""
 MOVES = 20
 """Most batches one rotation pass moves; the next pass goes on."""
+REFUSED_SKIP = 32
+"""Most passes a slot whose lock was refused is left alone for (one after the
+first refusal, twice as many after each next; a slot emptied starts again)."""
 
 _STATE = QUERIES["ring_state"]
 _MOVE = QUERIES["ring_move"]
@@ -180,6 +183,10 @@ class Rotation:
     def __init__(self, statements: Statements, picker: SlotPicker) -> None:
         self.statements = statements
         self.picker = picker
+        # After a slot's lock was refused, it is left alone for some passes,
+        # twice as many each time (a pg_dump holds it for minutes, and each
+        # pass would read every dead row it keeps): slot -> (passes left, skip).
+        self._refused: dict[int, tuple[int, int]] = {}
 
     async def once(self, now: dt.datetime | None = None) -> int:
         """Move what waits in each slot the ring may empty now, then TRUNCATE the
@@ -192,6 +199,10 @@ class Rotation:
         epoch = row[2] if now is None else now.timestamp()
         moved = 0
         for slot in ring.emptiable(epoch):
+            left, skip = self._refused.get(slot, (0, 0))
+            if left > 0:
+                self._refused[slot] = (left - 1, skip)
+                continue
             last = None
             for _ in range(MOVES):
                 ids = await self.statements.fetch(
@@ -235,8 +246,11 @@ class Rotation:
                         return False
                     await conn.execute(pgsql.SQL("TRUNCATE {}").format(name))
             except psycopg.errors.LockNotAvailable:
-                log.debug("ring slot %d is in use; emptied at a later pass", slot)
+                skip = min(2 * self._refused.get(slot, (0, 0))[1] or 1, REFUSED_SKIP)
+                self._refused[slot] = (skip, skip)
+                log.debug("ring slot %d is in use; left alone for %d passes", slot, skip)
                 return False
+        self._refused.pop(slot, None)
         log.debug("ring slot %d emptied (%d bytes)", slot, size)
         return True
 
