@@ -70,3 +70,13 @@ def test_a_slot_with_a_backlog_being_moved_is_read_meanwhile() -> None:
     picker.pick()  # the first look, everywhere
     picker.draining(1)  # slot 1 (not current at 25 s) holds more than a pass moves
     assert picker.pick()[0] == [0, 1]
+
+
+def test_a_slot_a_claim_took_messages_from_is_read_until_one_takes_none() -> None:
+    picker = SlotPicker()
+    picker.update((2, 10, 25.0, None))  # slot 0 current, its grace over
+    picker.pick()
+    picker.found({1, STAY})  # a backlog still due in slot 1
+    assert picker.pick()[0] == [0, 1]
+    picker.found({0})  # slot 1 gave nothing more
+    assert picker.pick()[0] == [0]

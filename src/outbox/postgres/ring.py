@@ -117,6 +117,7 @@ class SlotPicker:
         self._every_at = 0.0
         self._unread: str | None = None
         self._draining: dict[int, float] = {}
+        self._found: set[int] = set()
 
     def stale(self) -> bool:
         """Whether the ring's state is due to be read again."""
@@ -156,6 +157,8 @@ class SlotPicker:
             self._every_at = time.monotonic() + EVERY
             return ring.every, None
         slots = ring.live(epoch)
+        if self._found:
+            slots = sorted({*slots, *self._found})
         if self._draining:
             now = time.monotonic()
             self._draining = {slot: until for slot, until in self._draining.items() if until > now}
@@ -165,6 +168,12 @@ class SlotPicker:
                 return [STAY, *slots], dt.datetime.min.replace(tzinfo=dt.UTC)
             return [STAY, *slots], dt.datetime.fromtimestamp(self._stay_next, dt.UTC)
         return slots, None
+
+    def found(self, slots: set[int | None]) -> None:
+        """The last claim took messages from ``slots``: a ring slot among them is
+        read by the next claim too, live or not (a backlog still due there
+        when its grace ended), until a claim takes none from it."""
+        self._found = {s for s in slots if s is not None and s != STAY}
 
     def draining(self, slot: int) -> None:
         """The rotation found more waiting in ``slot`` than one pass moves (a

@@ -153,6 +153,8 @@ class PostgresStore:
         params = claim_params(request, token, slots)
         rows = await self.statements.fetch(claim_statement(params), params)
         claimed = Claimed([_claimed(r, token) for r in rows if r[0] is not None])
+        if request.now is None:
+            self.slots.found({m.slot for m in claimed.messages})
         claimed.orphans = len(rows) - len(claimed.messages)
         ready = [r[10] for r in rows if not r[9]]  # the picked rows' due times, orphans aside
         claimed.last_due = max(ready) if ready else None
