@@ -48,9 +48,11 @@ MOVE_BATCH = 1000
 """Messages moved to the long-stay partition in one statement (and commit)."""
 MOVES = 20
 """Most batches one rotation pass moves; the next pass goes on."""
-REFUSED_SKIP = 32
-"""Most passes a slot whose lock was refused is left alone for (one after the
-first refusal, twice as many after each next; a slot emptied starts again)."""
+REFUSALS = 5
+"""Refusals of a slot's lock in a row after which the rotation leaves the slot
+alone for a pass, twice as many after each next refusal..."""
+REFUSED_SKIP = 16
+"""...up to this many passes (a slot emptied starts again)."""
 
 _STATE = QUERIES["ring_state"]
 _MOVE = QUERIES["ring_move"]
@@ -192,9 +194,9 @@ class Rotation:
     def __init__(self, statements: Statements, picker: SlotPicker) -> None:
         self.statements = statements
         self.picker = picker
-        # After a slot's lock was refused, it is left alone for some passes,
-        # twice as many each time (a pg_dump holds it for minutes, and each
-        # pass would read every dead row it keeps): slot -> (passes left, skip).
+        # A slot whose lock was refused pass after pass (a pg_dump holds it for
+        # minutes, and each pass would read every dead row it keeps) is left
+        # alone for some passes: slot -> (refusals in a row, passes left).
         self._refused: dict[int, tuple[int, int]] = {}
 
     async def once(self, now: dt.datetime | None = None) -> int:
@@ -208,9 +210,9 @@ class Rotation:
         epoch = row[2] if now is None else now.timestamp()
         moved = 0
         for slot in ring.emptiable(epoch):
-            left, skip = self._refused.get(slot, (0, 0))
+            refusals, left = self._refused.get(slot, (0, 0))
             if left > 0:
-                self._refused[slot] = (left - 1, skip)
+                self._refused[slot] = (refusals, left - 1)
                 continue
             last = None
             for _ in range(MOVES):
@@ -255,8 +257,11 @@ class Rotation:
                         return False
                     await conn.execute(pgsql.SQL("TRUNCATE {}").format(name))
             except psycopg.errors.LockNotAvailable:
-                skip = min(2 * self._refused.get(slot, (0, 0))[1] or 1, REFUSED_SKIP)
-                self._refused[slot] = (skip, skip)
+                # A claim or an autovacuum holds it for an instant: tried again
+                # at the next pass. Refused again and again, less often.
+                refusals = self._refused.get(slot, (0, 0))[0] + 1
+                skip = 0 if refusals < REFUSALS else min(2 ** (refusals - REFUSALS), REFUSED_SKIP)
+                self._refused[slot] = (refusals, skip)
                 log.debug("ring slot %d is in use; left alone for %d passes", slot, skip)
                 return False
         self._refused.pop(slot, None)
