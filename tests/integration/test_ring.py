@@ -67,14 +67,21 @@ async def test_the_rotation_moves_what_waits_once_and_empties_the_slot_when_noth
             new_message("orders.placed", {"n": 5}, T0 + dt.timedelta(hours=1)),  # due later
         )
     await into_slot(pg_store, 1)
-    [flying] = await pg_store.claim(T0, LEASE, 1)  # in flight, its lease holds
+    long = dt.timedelta(minutes=5)
+    [flying] = await pg_store.claim(T0, long, 1)  # in flight, its lease holds
     assert flying.slot == 1
-    [buried] = [m for m in await pg_store.claim(T0 + dt.timedelta(seconds=1), LEASE, 1)]
+    [buried] = [m for m in await pg_store.claim(T0 + dt.timedelta(seconds=1), long, 1)]
     await pg_store.bury(buried.id, "kept for an operator")
 
-    at = emptying(1, T0 + dt.timedelta(seconds=5))
-    assert at < T0 + LEASE
-    assert await pg_store.rotate(now=at) == 5  # all but the one in flight
+    # Just after their turn, what relays are about to claim stays; what waits
+    # for something else moves: the buried one, the one due in an hour.
+    soon = emptying(1, T0 + dt.timedelta(seconds=5))
+    assert await pg_store.rotate(now=soon) == 2
+    assert await where(pg_store) == {1: 4, STAY: 2}
+    # Due for two turns of the ring and still there (a paused topic): moved.
+    at = emptying(1, T0 + 2 * dt.timedelta(seconds=RING.slots * RING.seconds) + LEASE)
+    assert at < T0 + long
+    assert await pg_store.rotate(now=at) == 3  # all but the one in flight
     assert await where(pg_store) == {1: 1, STAY: 5}
     assert await size(pg_store, 1) > 0, "a message in flight keeps its slot"
     assert await pg_store.rotate(now=at) == 0  # each is moved once
@@ -86,7 +93,7 @@ async def test_the_rotation_moves_what_waits_once_and_empties_the_slot_when_noth
     assert await where(pg_store) == {STAY: 5}
 
     # Nothing moved is lost, and a key keeps its order.
-    later = T0 + dt.timedelta(minutes=1)
+    later = at + dt.timedelta(minutes=1)
     got = await pg_store.claim(later, LEASE, 10)
     assert [m.json()["n"] for m in got] == [2, 3]  # the key's second waits for its first
     assert all(m.slot == STAY for m in got)
@@ -131,5 +138,6 @@ async def test_a_holder_of_the_outboxs_locks_makes_the_rotation_skip_and_no_one_
         assert time.monotonic() - started < 2, "the rotation or a producer waited"
         assert await size(pg_store, 1) > 0, "nothing is truncated under a reader's lock"
         dump.rollback()
+    await pg_store.settle([Acked(m) for m in await pg_store.claim(at, LEASE, 10)])
     await pg_store.rotate(now=at)  # the next pass empties it
     assert await size(pg_store, 1) == 0

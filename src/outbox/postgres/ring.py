@@ -208,6 +208,10 @@ class Rotation:
         self.picker.update(row)
         ring = self.picker.ring or Ring()
         epoch = row[2] if now is None else now.timestamp()
+        lap = dt.timedelta(seconds=ring.slots * ring.seconds)
+        # What will not be claimed before the slot's next turn, or has waited
+        # for two turns of the ring, moves; the rest is claimed where it is.
+        params = {"limit": MOVE_BATCH, "now": now, "later": lap, "waited": 2 * lap}
         moved = 0
         for slot in ring.emptiable(epoch):
             refusals, left = self._refused.get(slot, (0, 0))
@@ -216,9 +220,7 @@ class Rotation:
                 continue
             last = None
             for _ in range(MOVES):
-                ids = await self.statements.fetch(
-                    _MOVE, {"slot": slot, "limit": MOVE_BATCH, "now": now, "from": last}
-                )
+                ids = await self.statements.fetch(_MOVE, {**params, "slot": slot, "from": last})
                 moved += len(ids)
                 if ids:
                     last = max(r[0] for r in ids)

@@ -204,6 +204,11 @@ class PostgresStore:
         self, outcomes: Sequence[Outcome], *, now: dt.datetime | None = None
     ) -> Settled:
         settled = await self._settle(Sorted.of(outcomes), now, None)
+        written = (
+            len(settled.acked) + len(settled.retried) + len(settled.buried) + len(settled.released)
+        )
+        if written == len(outcomes):  # as a rule
+            return settled
         # A message whose lease ran out may have been moved to the long-stay
         # partition by the ring's rotation: what missed it there is written
         # there (the same fences: a later claim's lease still refuses it).

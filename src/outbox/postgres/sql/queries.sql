@@ -1069,10 +1069,13 @@ FROM outbox_ring AS r;
 
 -- ring_move --
 -- Move up to %(limit)s messages out of ring slot %(slot)s into the long-stay
--- partition (slot -1), so that the slot can be emptied: each one no lease
--- holds (waiting, due later, buried, parked behind its key) or whose lease
--- ended (an orphan). A message in flight stays: its relay settles it where
--- it is. An UPDATE of the partition key, which PostgreSQL carries out as a
+-- partition (slot -1), so that the slot can be emptied: each one that waits
+-- for something else than a relay's next claim (buried, parked behind its
+-- key, due after %(later)s from now, due for %(waited)s already: a paused or
+-- unserved topic, an outage's backlog) or whose lease ended (an orphan). A
+-- message in flight stays, its relay settles it where it is; so does one
+-- that came due lately, which the relays' next claims take (a burst they are
+-- draining is not written twice). An UPDATE of the partition key, which PostgreSQL carries out as a
 -- delete from the slot and an insert into the long-stay partition (the
 -- UPDATE privilege is all it needs); rows a claim or a write holds are
 -- passed over. Read in the order of ids from %(from)s (NULL: the first), the
@@ -1082,8 +1085,11 @@ FROM outbox_ring AS r;
 WITH picked AS MATERIALIZED (
     SELECT id FROM outbox_messages
     WHERE slot = %(slot)s::int2 AND (%(from)s::uuid IS NULL OR id > %(from)s::uuid)
-      AND (leased_until IS NULL OR leased_until = 'infinity'
-           OR leased_until <= coalesce(%(now)s::timestamptz, now()))
+      AND (buried_at IS NOT NULL OR leased_until = 'infinity'
+           OR leased_until <= coalesce(%(now)s::timestamptz, now())
+           OR leased_until IS NULL
+              AND (due_at > coalesce(%(now)s::timestamptz, now()) + %(later)s
+                   OR due_at < coalesce(%(now)s::timestamptz, now()) - %(waited)s))
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
