@@ -171,6 +171,11 @@ class SlotPicker:
             return [STAY, *slots], dt.datetime.fromtimestamp(self._stay_next, dt.UTC)
         return slots, None
 
+    @property
+    def claiming(self) -> set[int]:
+        """The ring slots the last claim took messages from."""
+        return self._found
+
     def found(self, slots: set[int | None]) -> None:
         """The last claim took messages from ``slots``: a ring slot among them is
         read by the next claim too, live or not (a backlog still due there
@@ -214,13 +219,18 @@ class Rotation:
         params = {"limit": MOVE_BATCH, "now": now, "later": lap, "waited": 2 * lap}
         moved = 0
         for slot in ring.emptiable(epoch):
+            # This relay's claims take messages from it: a backlog is being
+            # drained there, and what has waited is claimed where it is.
+            waited = None if slot in self.picker.claiming else params["waited"]
             refusals, left = self._refused.get(slot, (0, 0))
             if left > 0:
                 self._refused[slot] = (refusals, left - 1)
                 continue
             last = None
             for _ in range(MOVES):
-                ids = await self.statements.fetch(_MOVE, {**params, "slot": slot, "from": last})
+                ids = await self.statements.fetch(
+                    _MOVE, {**params, "slot": slot, "from": last, "waited": waited}
+                )
                 moved += len(ids)
                 if ids:
                     last = max(r[0] for r in ids)

@@ -1075,7 +1075,8 @@ FROM outbox_ring AS r;
 -- unserved topic, an outage's backlog) or whose lease ended (an orphan). A
 -- message in flight stays, its relay settles it where it is; so does one
 -- that came due lately, which the relays' next claims take (a burst they are
--- draining is not written twice). An UPDATE of the partition key, which PostgreSQL carries out as a
+-- draining is not written twice), and with %(waited)s NULL any that is due
+-- (the relay's claims are taking them from this slot: a backlog draining). An UPDATE of the partition key, which PostgreSQL carries out as a
 -- delete from the slot and an insert into the long-stay partition (the
 -- UPDATE privilege is all it needs); rows a claim or a write holds are
 -- passed over. Read in the order of ids from %(from)s (NULL: the first), the
