@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from outbox.postgres.claims import FORMS, claim_params, claim_statement, without
+from outbox.postgres.claims import FIRST, FORMS, claim_params, claim_statement, without
 from outbox.postgres.queries import QUERIES
 from outbox.requests import ClaimRequest
 
@@ -21,6 +21,7 @@ def test_every_statement_is_short_enough_for_psycopg_to_cache_its_parse() -> Non
     # message_claim is never run whole: each claim runs one of its forms.
     sent = {name: q for name, q in QUERIES.items() if name != "message_claim"}
     sent |= {f"message_claim{form}": q for form, q in FORMS.items()}
+    sent |= {f"message_claim{form} from the first": q for form, q in FIRST.items()}
     long = {name: len(q.encode()) for name, q in sent.items()}
     assert {n: size for n, size in long.items() if size > PSYCOPG_CACHES_UP_TO} == {}
 

@@ -89,9 +89,21 @@ FORMS: dict[tuple[bool, bool], LiteralString] = {
     (False, True): without(_CLAIM, "ready_by_topic"),
 }
 """Every form a claim runs (the whole of message_claim is never run)."""
+_FROM = "BETWEEN %(a)s::timestamptz AND "
+FIRST: dict[tuple[bool, bool], LiteralString] = {
+    # Without a watermark, each read is bounded above only. A range whose
+    # column has no statistics yet (a slot of the ring just emptied) is
+    # guessed at a few rows, and over two slots the planner then reads and
+    # sorts them all; a bound on one side is guessed at a third of the rows,
+    # and the slots' indexes are read in order up to the limit.
+    form: query.replace(_FROM, "<= ")
+    for form, query in FORMS.items()
+}
+"""The forms for a claim from the first (no watermark: no snapshot held)."""
 
 
 def claim_statement(params: dict[str, Any]) -> LiteralString:
     """The form of message_claim that ``params`` (claim_params) need: without the
     reads they leave empty."""
-    return FORMS[bool(params["by_topic"]), bool(params["capped"])]
+    form = bool(params["by_topic"]), bool(params["capped"])
+    return FIRST[form] if params["a"] == "-infinity" else FORMS[form]
