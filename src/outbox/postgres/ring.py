@@ -12,7 +12,8 @@ prunes the other partitions with: a claim plans one partition, not three.
 The rotation empties a slot once it is no longer current: it moves, once,
 whatever waits there (due later, buried, parked, an orphan) to the long-stay
 partition, then TRUNCATEs the slot if nothing is left, under a lock it takes
-only if no one holds one (NOWAIT): no producer inserts into a slot that is
+waiting for it at most 50 ms (claims hold it for instants); no producer
+inserts into a slot that is
 not current, so none ever waits for it.
 """
 
@@ -58,6 +59,11 @@ _STATE = QUERIES["ring_state"]
 _MOVE = QUERIES["ring_move"]
 _EMPTY = QUERIES["ring_empty"]
 _UNSYNCED = "SET LOCAL synchronous_commit = off"
+# Claims that read every partition (a key's head check) hold the slot's lock
+# for milliseconds, back to back on a busy fleet: NOWAIT was refused pass after
+# pass. No producer inserts into a slot that is not current, so what waits
+# behind this (at most this long) is a claim, never a producer.
+_LOCK_WAIT = "SET LOCAL lock_timeout = '50ms'"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -214,14 +220,15 @@ class Rotation:
         ring = self.picker.ring or Ring()
         epoch = row[2] if now is None else now.timestamp()
         lap = dt.timedelta(seconds=ring.slots * ring.seconds)
-        # What will not be claimed before the slot's next turn, or has waited
-        # for two turns of the ring, moves; the rest is claimed where it is.
-        params = {"limit": MOVE_BATCH, "now": now, "later": lap, "waited": 2 * lap}
+        params = {"limit": MOVE_BATCH, "now": now}
         moved = 0
         for slot in ring.emptiable(epoch):
-            # This relay's claims take messages from it: a backlog is being
-            # drained there, and what has waited is claimed where it is.
-            waited = None if slot in self.picker.claiming else params["waited"]
+            # Whatever no lease holds moves, unless this relay's claims are
+            # taking messages from the slot (a backlog being drained there):
+            # then only what they will not take before its next turn moves.
+            draining = slot in self.picker.claiming
+            later = lap if draining else dt.timedelta(0)
+            waited = None if draining else dt.timedelta(0)
             refusals, left = self._refused.get(slot, (0, 0))
             if left > 0:
                 self._refused[slot] = (refusals, left - 1)
@@ -229,7 +236,8 @@ class Rotation:
             last = None
             for _ in range(MOVES):
                 ids = await self.statements.fetch(
-                    _MOVE, {**params, "slot": slot, "from": last, "waited": waited}
+                    _MOVE,
+                    {**params, "slot": slot, "from": last, "later": later, "waited": waited},
                 )
                 moved += len(ids)
                 if ids:
@@ -260,8 +268,9 @@ class Rotation:
                     # wait for this lock: it is held as briefly as can be, and
                     # the commit does not wait for the WAL to reach the disk
                     # (a TRUNCATE a crash loses leaves dead rows, emptied again).
-                    lock = pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                    lock = pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
                     await conn.execute(_UNSYNCED)
+                    await conn.execute(_LOCK_WAIT)
                     await conn.execute(lock.format(name))
                     cur = await conn.execute(_EMPTY, params)
                     row = await cur.fetchone()
