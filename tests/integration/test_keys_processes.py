@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -136,8 +137,22 @@ def test_a_poison_head_holds_its_key_or_is_skipped_as_the_topic_says(
         raise AssertionError(f"{rows}\n{relay.log[-3000:]}") from None
 
 
-def _drained(db: str, what: str = "the outbox to empty", timeout: float = 90) -> None:
-    wait_until(what, lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0, timeout)
+def _drained(
+    db: str,
+    what: str = "the outbox to empty",
+    timeout: float = 90,
+    relays: Sequence[RelayProcess] = (),
+) -> None:
+    try:
+        wait_until(what, lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0, timeout)
+    except AssertionError as timed_out:
+        rows = query(
+            db,
+            "SELECT slot, key, seq, leased_until::text, due_at::text, attempts, buried_at::text"
+            " FROM outbox_messages ORDER BY key, seq LIMIT 20",
+        )
+        logs = "\n".join(r.log[-2000:] for r in relays)
+        raise AssertionError(f"{timed_out}: left {rows}\n{logs}") from None
 
 
 def _records(path: Path) -> list[tuple[str, int, int, int, str]]:
@@ -245,7 +260,7 @@ def test_keys_stay_in_order_beside_a_relay_whose_clock_is_minutes_off(
     skewed.wait_ready()
     total = _add_keyed(db, keys=30, per_key=20)
 
-    _drained(db)
+    _drained(db, relays=[honest, skewed])
 
     records = _records(record)
     _assert_in_order_and_complete([(k, n) for k, n, *_ in records], total)

@@ -8,9 +8,9 @@ both hold, so each of them reads as the statements it runs.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 import anyio
 import psycopg
@@ -30,14 +30,27 @@ _KEY_UNPARK = QUERIES["key_unpark"]
 
 RERUNS = 3
 """Times a statement that runs on its own is sent when the server rolled it back
-for a conflict (serialization failure, deadlock): a message the ring's
-rotation moved to the long-stay partition while a claim or an ack was about
-to lock it. Rolled back, it did nothing, so it is simply sent again."""
+for a conflict: a message the ring's rotation moved to the long-stay
+partition while a claim or an ack was about to lock it (a serialization
+failure), or a claim and an ack of one key's messages waiting for each other
+(a deadlock). Rolled back, it did nothing, so it is simply sent again."""
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[Any]
+
+_CONFLICTS = frozenset({"40000", "40001", "40P01"})
+"""The SQLSTATEs of a rollback for a conflict (psycopg's classes for them do not
+share a base). Not 40003, 'statement completion unknown': it may have run."""
 
 
 def _last(times: int) -> list[bool]:
     """For each of ``times`` attempts, whether it is the last."""
     return [n == times - 1 for n in range(times)]
+
+
+def _conflict(exc: psycopg.Error) -> bool:
+    """Whether the server rolled ``exc``'s statement back for a conflict."""
+    return exc.sqlstate in _CONFLICTS
 
 
 class Statements:
@@ -92,31 +105,35 @@ class Statements:
                 raise
             raise found from exc
 
-    async def fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
-        """The rows of ``query`` (a statement of its own: see ``rerun``)."""
+    async def rerun(self, work: Callable[[Connection], Awaitable[T]]) -> T:
+        """``work`` on a pooled connection (a statement, or a transaction that
+        ends with it), done again when the server rolled it back for a
+        conflict: up to RERUNS times."""
         async with self.translated():
             for last in _last(RERUNS):
                 try:
                     async with self.pool.connection() as conn:
-                        cur = await conn.execute(query, params)
-                        return await cur.fetchall()
-                except psycopg.errors.TransactionRollback:
-                    if last:
+                        return await work(conn)
+                except psycopg.Error as exc:
+                    if last or not _conflict(exc):
                         raise
         raise AssertionError("unreachable")
 
+    async def fetch(self, query: Any, params: dict[str, Any]) -> list[Any]:
+        """The rows of ``query``, a statement of its own (see ``rerun``)."""
+
+        async def rows(conn: Connection) -> list[Any]:
+            return await (await conn.execute(query, params)).fetchall()
+
+        return await self.rerun(rows)
+
     async def count(self, query: Any, params: dict[str, Any]) -> int:
-        """How many rows ``query`` changed (a statement of its own: see ``rerun``)."""
-        async with self.translated():
-            for last in _last(RERUNS):
-                try:
-                    async with self.pool.connection() as conn:
-                        cur = await conn.execute(query, params)
-                        return cur.rowcount
-                except psycopg.errors.TransactionRollback:
-                    if last:
-                        raise
-        raise AssertionError("unreachable")
+        """How many rows ``query``, a statement of its own, changed (see ``rerun``)."""
+
+        async def changed(conn: Connection) -> int:
+            return (await conn.execute(query, params)).rowcount
+
+        return await self.rerun(changed)
 
     async def change_one(self, query: Any, params: dict[str, Any]) -> None:
         """Run ``query`` on the message ``params["id"]``; NotFound if it changed none."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -91,6 +92,8 @@ _UNSERVED_NOTE = QUERIES["unserved_note"]
 # One relay at a time notes unserved topics (the burial batches that follow
 # are safe side by side: SKIP LOCKED).
 _SWEEP_LOCK_KEY = 0x6F7574626F7873  # "outboxs"
+
+log = logging.getLogger("outbox.postgres")
 
 
 class PostgresStore:
@@ -176,9 +179,15 @@ class PostgresStore:
                 "limit": room,
                 "max_bytes": None if max_bytes is None else max(max_bytes - used, 0),
             }
-            claimed.messages.extend(
-                _claimed(r, token) for r in await self.statements.fetch(_CLAIM_RUN, more)
-            )
+            try:
+                run = await self.statements.fetch(_CLAIM_RUN, more)
+            except OutboxError as exc:
+                # What the claim took is leased: it is returned all the same,
+                # or it would wait out its lease in no relay's hands. The
+                # keys' runs go to the next claim.
+                log.info("claimed the heads of keys without their runs: %s", exc)
+            else:
+                claimed.messages.extend(_claimed(r, token) for r in run)
         return claimed
 
     async def _where(self, request: ClaimRequest) -> tuple[list[int], dt.datetime | None]:
@@ -310,14 +319,17 @@ class PostgresStore:
             steps.append((_BURY_MANY, _bury_params(by.burials, now, where)))
         if by.releases:
             steps.append((_RELEASE, self._release_params(by.releases, now, slots)))
-        async with self.statements.translated(), self.pool.connection() as conn:
+
+        async def together(conn: psycopg.AsyncConnection[Any]) -> dict[Any, list[Any]]:
             async with conn.pipeline():
                 cursors = [await conn.execute(q, p) for q, p in steps]
-            rows = {
+            return {
                 q: await c.fetchall()
                 for (q, _), c in zip(steps, cursors, strict=True)
                 if q is not _KEY_UNPARK
             }
+
+        rows = await self.statements.rerun(together)
         settled = Settled()
         if by.acks:
             [(kept, _)] = rows[_ACK_KEYED]
@@ -356,13 +368,16 @@ class PostgresStore:
     async def _ack_and_unpark(self, params: dict[str, Any]) -> list[uuid.UUID]:
         """message_ack_keyed, then key_unpark of the keys it removed: one
         transaction, one round trip. Returns the ids not removed."""
-        async with self.statements.translated(), self.pool.connection() as conn:
+
+        async def ack(conn: psycopg.AsyncConnection[Any]) -> list[uuid.UUID]:
             async with conn.pipeline():
                 cur = await conn.execute(_ACK_KEYED, params)
                 await conn.execute(_KEY_UNPARK, {"pairs": None})
             [(kept, _)] = await cur.fetchall()
-        ids: list[uuid.UUID] = kept  # psycopg's list of the uuid[] column
-        return ids
+            ids: list[uuid.UUID] = kept  # psycopg's list of the uuid[] column
+            return ids
+
+        return await self.statements.rerun(ack)
 
     async def retry_many(
         self,
