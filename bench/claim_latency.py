@@ -65,7 +65,7 @@ def latencies(url: str, rev: str | None, *, paused: int, topics: int, claims: in
             "max_bytes": 32 * 1024 * 1024,  # what relays pass (earlier commits ignore it)
             "by_topic": len(served) <= BY_TOPIC,
             "a": "-infinity",  # no watermark (earlier commits ignore it)
-            "slots": EVERY_SLOT,  # every partition of the ring (earlier commits ignore it)
+            "slots": list(EVERY_SLOT),  # every partition of the ring (earlier commits ignore it)
         }
         took = []
         for _ in range(claims):

@@ -27,7 +27,7 @@ import psycopg
 from psycopg import sql
 
 from bench.server import arguments, postgres
-from outbox.postgres.claims import EVERY_SLOT
+from outbox.postgres.claims import EVERY_SLOT, claim_statement
 from outbox.postgres.schema import statements
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +88,11 @@ def topics_param(claim: bytes, topics: list[str]) -> list[str] | str:
     return ",".join(topics) if b"string_to_array(%(topics)s" in claim else topics
 
 
+def _form(every: bool) -> str:
+    """The form of message_claim the working tree's relays run for this claim."""
+    return str(claim_statement({"by_topic": not every, "capped": [], "a": "-infinity"}))
+
+
 def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = False) -> float:
     with migrated_at(url, rev) as conn:
         conn.execute(
@@ -98,8 +103,15 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
             (n,),
         )
         conn.execute("VACUUM ANALYZE outbox_messages")
+        # The ring's slots the rows went to, which a relay's claims read (not
+        # every partition); earlier commits have no slot.
+        slots = list(EVERY_SLOT)
+        if rev is None:
+            row = conn.execute("SELECT array_agg(DISTINCT slot) FROM outbox_messages").fetchone()
+            slots = row[0] if row else slots
         queries = _queries(rev)
-        claim = queries["message_claim"].encode()
+        # The working tree's relays run one form of the statement (claims.FORMS).
+        claim = (queries["message_claim"] if rev else _form(every)).encode()
         # What a relay acks an unkeyed batch with (message_ack_many before keys).
         ack = (queries.get("message_ack_unkeyed") or queries["message_ack_many"]).encode()
         params = {
@@ -116,9 +128,9 @@ def drain(url: str, rev: str | None, n: int, limit: int = 100, every: bool = Fal
             "by_topic": not every,  # one topic, as the store claims it
             "after": None,  # no watermark: no snapshot held (earlier commits ignore it)
             "a": "-infinity",  # the same, since the ring
-            "slots": EVERY_SLOT,  # every partition of the ring (earlier commits ignore it)
+            "slots": slots,  # (earlier commits ignore it)
         }
-        acks = {"tokens": None, "slots": EVERY_SLOT}
+        acks = {"tokens": None, "slots": slots}
         done, elapsed = claim_and_ack(conn, claim, ack, params, acks)
     assert done == n, f"{done} of {n} acked"
     return n / elapsed

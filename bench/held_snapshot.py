@@ -22,7 +22,8 @@ Autovacuum must be on (the embedded PostgreSQL, the default, has it on; the
 CI machine's PostgreSQL 15 runs with it off).
 
     python -m bench held_snapshot [--database-url URL] [--rate 1000] [--relays 1]
-        [--free 180] [--hold 180] [--after 180] [--dump] | --explain 200000
+        [--free 180] [--hold 180] [--after 180] [--dump] [--latencies FILE]
+        | --explain 200000
 """
 
 from __future__ import annotations
@@ -194,6 +195,11 @@ def run(url: str, args: Any) -> dict[str, Any]:
             ),
         }
     report["samples"] = samples
+    if args.latencies:  # every message: commit time (epoch), commit to handler (ms)
+        with open(args.latencies, "w") as out:
+            for i, at, _ in committed:
+                if i in arrived:
+                    out.write(f"{at} {(float(arrived[i]) - float(at)) * 1000:.3f}\n")
     return report
 
 
@@ -303,6 +309,9 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=15, help="seconds between samples")
     parser.add_argument("--dump", action="store_true", help="the holder reads the outbox too")
     parser.add_argument("--explain", type=int, metavar="N", help="the claim after N dead rows")
+    parser.add_argument(
+        "--latencies", metavar="FILE", help="write each message's commit time and latency"
+    )
     parser.add_argument("--produce", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:

@@ -53,6 +53,18 @@ async def size(store: PostgresStore, slot: int) -> int:
         return int(row[0])
 
 
+async def relfilenode(store: PostgresStore, slot: int) -> int:
+    """What a TRUNCATE changes: the file the partition is stored in."""
+    async with store.pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT relfilenode FROM pg_class WHERE oid = %s::regclass",
+            (f"outbox_messages_{slot}",),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
 async def test_the_rotation_moves_what_waits_once_and_empties_the_slot_when_nothing_is_left(
     pg_store: PostgresStore,
 ) -> None:
@@ -84,6 +96,9 @@ async def test_the_rotation_moves_what_waits_once_and_empties_the_slot_when_noth
     await pg_store.rotate(now=at)
     assert await size(pg_store, 1) == 0, "the empty slot was truncated"
     assert await where(pg_store) == {STAY: 5}
+    emptied = await relfilenode(pg_store, 1)
+    await pg_store.rotate(now=at)
+    assert await relfilenode(pg_store, 1) == emptied, "an emptied slot is not truncated again"
 
     # Nothing moved is lost, and a key keeps its order.
     later = at + dt.timedelta(minutes=1)

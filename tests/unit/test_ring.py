@@ -37,6 +37,13 @@ def test_the_rotation_empties_a_slot_only_between_two_graces() -> None:
     assert three.emptiable(21.0) == [0]  # slot 1 was current until 20
 
 
+@pytest.mark.parametrize(("seconds", "pace"), [(10, 1.0), (1, 0.1), (3600, 1.0)])
+def test_the_rotation_looks_twice_a_grace_and_at_most_once_a_second(
+    seconds: int, pace: float
+) -> None:
+    assert Ring(seconds=seconds).pace == pytest.approx(pace)
+
+
 def test_a_picker_reads_every_slot_first_then_the_live_ones_and_stay_while_it_is_due() -> None:
     picker = SlotPicker()
     picker.update((2, 10, 25.0, None))  # the database's clock: 25 s, nothing in stay

@@ -81,6 +81,12 @@ class Ring:
         return self.seconds / 5
 
     @property
+    def pace(self) -> float:
+        """How often (seconds) the rotation looks at the slots: at least twice
+        in each grace, and at most once a REFRESH."""
+        return min(REFRESH, self.grace / 2)
+
+    @property
     def every(self) -> list[int]:
         """Every slot, the long-stay partition first."""
         return [STAY, *range(self.slots)]
@@ -209,12 +215,18 @@ class Rotation:
         # minutes, and each pass would read every dead row it keeps) is left
         # alone for some passes: slot -> (refusals in a row, passes left).
         self._refused: dict[int, tuple[int, int]] = {}
+        self._next = -math.inf
 
     async def once(self, now: dt.datetime | None = None) -> int:
         """Move what waits in each slot the ring may empty now, then TRUNCATE the
         slot if it is empty and holds anything; return the messages moved.
         ``now`` (tests) is the clock that decides which leases ended and which
-        slot is current."""
+        slot is current. Without it, a pass sooner than the ring's pace after
+        the last (a relay's short interval) does nothing."""
+        if now is None:
+            if time.monotonic() < self._next:
+                return 0
+            self._next = time.monotonic() + (self.picker.ring or Ring()).pace
         [row] = await self.statements.fetch(_STATE, {})
         self.picker.update(row)
         ring = self.picker.ring or Ring()
@@ -232,6 +244,9 @@ class Rotation:
             refusals, left = self._refused.get(slot, (0, 0))
             if left > 0:
                 self._refused[slot] = (refusals, left - 1)
+                continue
+            [(_, size)] = await self.statements.fetch(_EMPTY, _emptying(slot))
+            if not size:  # emptied already: nothing enters a slot that is not current
                 continue
             last = None
             for _ in range(MOVES):
@@ -255,12 +270,11 @@ class Rotation:
         """TRUNCATE ring ``slot`` if it holds no message and takes room: under its
         ACCESS EXCLUSIVE lock, taken only if free (a producer that inserted
         there, a claim that reads it, a pg_dump: try again next pass)."""
-        partition = f"outbox_messages_{slot}"
-        params = {"slot": slot, "partition": partition}
+        params = _emptying(slot)
         [(empty, size)] = await self.statements.fetch(_EMPTY, params)
         if not empty or not size:
             return False
-        name = pgsql.Identifier(partition)
+        name = pgsql.Identifier(params["partition"])
         async with self.statements.translated(), self.statements.pool.connection() as conn:
             try:
                 async with conn.transaction():
@@ -288,6 +302,11 @@ class Rotation:
         self._refused.pop(slot, None)
         log.debug("ring slot %d emptied (%d bytes)", slot, size)
         return True
+
+
+def _emptying(slot: int) -> dict[str, Any]:
+    """ring_empty's parameters for ring ``slot``."""
+    return {"slot": slot, "partition": f"outbox_messages_{slot}"}
 
 
 def set_period(conn: psycopg.Connection[Any], seconds: int) -> None:

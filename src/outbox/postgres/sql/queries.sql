@@ -1107,8 +1107,9 @@ RETURNING m.id;
 
 -- ring_empty --
 -- Whether ring slot %(slot)s holds no message, and the size of its
--- partition (what emptying it returns). Under the partition's ACCESS
--- EXCLUSIVE lock no insert into it is in progress, so the answer holds
--- until the TRUNCATE that follows in the same transaction.
+-- partition's table (zero once truncated: its indexes keep a page each, so
+-- their size never says whether it is worth emptying). Under the
+-- partition's ACCESS EXCLUSIVE lock no insert into it is in progress, so the
+-- answer holds until the TRUNCATE that follows in the same transaction.
 SELECT NOT EXISTS (SELECT 1 FROM outbox_messages WHERE slot = %(slot)s::int2),
-       pg_total_relation_size(to_regclass(%(partition)s::text));
+       pg_relation_size(to_regclass(%(partition)s::text));
