@@ -77,8 +77,12 @@ class Ring:
     def grace(self) -> float:
         """After a turn, how long claims still read the slot before (its last
         messages: transactions that committed just after it), and how long
-        before its next turn the rotation leaves a slot alone."""
-        return self.seconds / 5
+        before its next turn the rotation leaves a slot alone. Held, a slot
+        keeps everything it took until it is emptied, a grace after its turn:
+        the shorter, the smaller the ring (a transaction that commits later
+        is found by the next claim of every slot, and its slot is not emptied
+        under it: the lock waits for it)."""
+        return self.seconds / 10
 
     @property
     def pace(self) -> float:
