@@ -23,7 +23,17 @@ from outbox.durations import format_duration
 from outbox.errors import NotFound
 from outbox.memory_keys import KeyOrder, Row
 from outbox.message import Message, check_message, validate_topic
-from outbox.requests import Claimed, ClaimRequest, Orphans, Outcome, Settled, Sorted
+from outbox.requests import (
+    BuriedCount,
+    BuriedFilter,
+    Claimed,
+    ClaimRequest,
+    Orphans,
+    Outcome,
+    Settled,
+    Sorted,
+    buried_selection,
+)
 from outbox.store import (
     SWEEP_BATCH,
     SWEEP_BUDGET,
@@ -332,10 +342,11 @@ class MemoryStore:
         limit: int = 100,
         now: dt.datetime | None = None,
     ) -> list[StoredMessage]:
-        since = None if within is None else (now or self.clock()) - within
+        now = now or self.clock()
+        since = None if within is None else now - within
         rows = [
             r
-            for r in self._buried(None, topic)
+            for r in self._selected(BuriedFilter(topic=topic), now)
             if since is None or (r.buried_at is not None and r.buried_at >= since)
         ]
         rows.sort(key=lambda r: (r.buried_at, r.message.id), reverse=True)
@@ -346,6 +357,12 @@ class MemoryStore:
             listed.append(dataclasses.replace(state, message=bare, size=len(state.message.payload)))
         return listed
 
+    async def count_buried(
+        self, selection: BuriedFilter, *, now: dt.datetime | None = None
+    ) -> BuriedCount:
+        rows = self._selected(selection, now or self.clock())
+        return BuriedCount(len(rows), max((r.buried_at for r in rows if r.buried_at), default=None))
+
     async def requeue(
         self,
         *,
@@ -354,9 +371,10 @@ class MemoryStore:
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
         now = now or self.clock()
-        rows = self._buried(ids, topic)
+        rows = self._selected(buried_selection(selection, ids=ids, topic=topic), now)
         if not dry_run:
             for r in rows:
                 r.message = dataclasses.replace(r.message, attempts=0)
@@ -368,15 +386,16 @@ class MemoryStore:
 
     async def purge_buried(
         self,
-        older_than: dt.timedelta,
+        older_than: dt.timedelta | None = None,
         *,
         topic: str | None = None,
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
-        before = (now or self.clock()) - older_than
-        old = [r for r in self._buried(None, topic) if r.buried_at and r.buried_at < before]
+        chosen = buried_selection(selection, topic=topic, older_than=older_than, purge=True)
+        old = self._selected(chosen, now or self.clock())
         if not dry_run:
             for r in old:
                 del self._rows[r.message.id]
@@ -435,14 +454,11 @@ class MemoryStore:
     async def delete_topic(self, topic: str) -> bool:
         return self._topics.pop(topic, None) is not None
 
-    def _buried(self, ids: Sequence[uuid.UUID] | None, topic: str | None) -> list[Row]:
-        wanted = None if ids is None else set(ids)
+    def _selected(self, selection: BuriedFilter, now: dt.datetime) -> list[Row]:
         return [
             r
             for r in self._rows.values()
-            if r.buried_at is not None
-            and (wanted is None or r.message.id in wanted)
-            and (topic is None or r.message.topic == topic)
+            if selection.matches(r.message, r.buried_at, r.last_error, now)
         ]
 
     @staticmethod

@@ -21,6 +21,8 @@ from outbox.message import Message
 __all__ = [
     "Acked",
     "Buried",
+    "BuriedCount",
+    "BuriedFilter",
     "ClaimRequest",
     "Claimed",
     "Orphans",
@@ -28,6 +30,7 @@ __all__ = [
     "Released",
     "Retried",
     "Settled",
+    "buried_selection",
     "check_claim",
 ]
 
@@ -193,3 +196,81 @@ def check_claim(lease: dt.timedelta, limit: int) -> None:
         raise ValueError(f"outbox: lease must be positive, got {lease}")
     if limit < 1:
         raise ValueError(f"outbox: limit must be at least 1, got {limit}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BuriedFilter:
+    """Which buried messages an operator's count, requeue or purge acts on: each
+    field given narrows the selection; none given is every buried message.
+
+    ``buried_by`` limits an action to what was buried by then: a dry run's
+    ``BuriedCount.as_of``, so the confirmed action can only act on fewer than
+    the count an operator confirmed (never on what was buried since).
+    """
+
+    topic: str | None = None
+    ids: tuple[uuid.UUID, ...] | None = None
+    older_than: dt.timedelta | None = None
+    """Buried longer than this ago (by the store's time)."""
+    error_contains: str | None = None
+    """Its last error contains this text, in any case."""
+    buried_by: dt.datetime | None = None
+
+    @property
+    def everything(self) -> bool:
+        """Whether the filter narrows nothing."""
+        return self == BuriedFilter()
+
+    def matches(
+        self,
+        message: Message,
+        buried_at: dt.datetime | None,
+        last_error: str | None,
+        now: dt.datetime,
+    ) -> bool:
+        """Whether a message buried at ``buried_at`` with ``last_error`` is selected
+        at ``now`` (MemoryStore's reading; PostgreSQL's is buried_filter's)."""
+        if buried_at is None:
+            return False
+        if self.topic is not None and message.topic != self.topic:
+            return False
+        if self.ids is not None and message.id not in self.ids:
+            return False
+        if self.older_than is not None and not buried_at < now - self.older_than:
+            return False
+        if self.buried_by is not None and buried_at > self.buried_by:
+            return False
+        wanted = self.error_contains
+        return wanted is None or wanted.lower() in (last_error or "").lower()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuriedCount:
+    """How many buried messages a filter selects, and when the newest of them
+    was buried (None: none): the ``buried_by`` of the action it confirms."""
+
+    count: int
+    as_of: dt.datetime | None
+
+
+def buried_selection(
+    selection: BuriedFilter | None,
+    *,
+    ids: Sequence[uuid.UUID] | None = None,
+    topic: str | None = None,
+    older_than: dt.timedelta | None = None,
+    purge: bool = False,
+) -> BuriedFilter:
+    """The filter of an operator call given either a ``selection`` or the
+    earlier keyword arguments (``ids``, ``topic``, ``older_than``), not both.
+    A ``purge`` needs one or the other: a purge of everything is asked for
+    with ``BuriedFilter()``, never by leaving both out."""
+    if selection is None:
+        if purge and older_than is None:
+            raise ValueError("purge_buried needs older_than or a selection")
+        return BuriedFilter(
+            ids=None if ids is None else tuple(ids), topic=topic, older_than=older_than
+        )
+    if ids is not None or topic is not None or older_than is not None:
+        raise ValueError("give a selection or ids/topic/older_than, not both")
+    return selection

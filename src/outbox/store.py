@@ -30,6 +30,8 @@ from outbox.records import RelayInfo, StorageHealth, StoredMessage, TopicSetting
 from outbox.requests import (
     Acked,
     Buried,
+    BuriedCount,
+    BuriedFilter,
     Claimed,
     ClaimRequest,
     Orphans,
@@ -54,6 +56,8 @@ __all__ = [
     "Acked",
     "BlockedKey",
     "Buried",
+    "BuriedCount",
+    "BuriedFilter",
     "ClaimRequest",
     "Claimed",
     "Operator",
@@ -292,6 +296,14 @@ class Operator(Protocol):
         that is buried (where its topic blocks) or has failed; longest blocked first."""
         ...
 
+    async def count_buried(
+        self, selection: BuriedFilter, *, now: dt.datetime | None = None
+    ) -> BuriedCount:
+        """How many buried messages ``selection`` selects, and when the newest of
+        them was buried: a requeue or purge of the same selection with
+        ``buried_by`` set to it acts on these (fewer, if some went meanwhile)."""
+        ...
+
     async def requeue(
         self,
         *,
@@ -300,28 +312,33 @@ class Operator(Protocol):
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
         """Make buried messages due now with attempts reset; return how many.
 
         Only buried messages are touched, so it is idempotent. ``ids`` and
-        ``topic`` narrow the selection; with neither, every buried message is
-        requeued. The last error stays, and the requeue is counted. Works in
-        batches of ``batch``, each committed; a dry run only counts.
+        ``topic``, or a ``selection`` (not both), narrow what is requeued; with
+        none, every buried message is. The last error stays, and the requeue
+        is counted. Among a key's messages, order is kept (each waits for the
+        one before it). Works in batches of ``batch``, each committed; a dry
+        run only counts.
         """
         ...
 
     async def purge_buried(
         self,
-        older_than: dt.timedelta,
+        older_than: dt.timedelta | None = None,
         *,
         topic: str | None = None,
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
-        """Delete messages buried longer than ``older_than`` ago; return how many.
-
-        Batches of ``batch``, each committed; a dry run only counts.
+        """Delete messages buried longer than ``older_than`` ago, or those
+        ``selection`` selects (one of the two: ValueError with neither);
+        return how many. Batches of ``batch``, each committed; a dry run only
+        counts.
         """
         ...
 

@@ -6,7 +6,10 @@ import datetime as dt
 import uuid
 from typing import Any
 
+import pytest
+
 from outbox import Message, Store, new_message
+from outbox.store import BuriedCount, BuriedFilter
 from tests.clock import T0
 
 LEASE = dt.timedelta(minutes=2)
@@ -139,3 +142,60 @@ async def test_topic_stats_count_backlog_per_topic(store: Store[Any]) -> None:
     assert (stats["mail.b"].pending, stats["mail.b"].buried) == (1, 0)
     assert stats["mail.a"].oldest_pending == T0
     assert await store.requeue(ids=[uuid.uuid4()], now=T0) == 0
+
+
+async def test_a_selection_narrows_by_topic_age_error_text_and_ids_together(
+    store: Store[Any],
+) -> None:
+    timeout = await buried(store, "mail.a", T0, "SMTP 421: Timeout talking to relay")
+    refused = await buried(store, "mail.a", T0, "550 mailbox refused")
+    await buried(store, "mail.a", T0 + 5 * H, "smtp 421: TIMEOUT again")  # recent
+    other = await buried(store, "mail.b", T0, "421 timeout")
+    await pending(store, "mail.a")
+    now = T0 + 6 * H
+
+    def count(**narrow: Any) -> Any:
+        return store.count_buried(BuriedFilter(**narrow), now=now)
+
+    assert (await count()).count == 4
+    assert (await count(error_contains="timeout")).count == 3  # any case
+    assert (await count(error_contains="Timeout", topic="mail.a")).count == 2
+    assert (await count(error_contains="timeout", older_than=2 * H)).count == 2
+    assert (await count(ids=(timeout.id, refused.id), error_contains="timeout")).count == 1
+    assert (await count(error_contains="%")).count == 0, "no pattern characters"
+    assert (await count(topic="mail.c")) == BuriedCount(0, None)
+
+    selection = BuriedFilter(topic="mail.a", error_contains="timeout")
+    assert await store.requeue(selection=selection, dry_run=True, now=now) == 2
+    assert await store.requeue(selection=selection, now=now) == 2
+    left = {s.message.id for s in await store.list_buried()}
+    assert left == {refused.id, other.id}
+
+
+async def test_an_action_limited_to_a_dry_runs_newest_burial_acts_on_no_later_one(
+    store: Store[Any],
+) -> None:
+    first = await buried(store, "mail.a", T0, "timeout")
+    newest = await buried(store, "mail.a", T0 + H, "timeout")
+    found = await store.count_buried(BuriedFilter(error_contains="timeout"), now=T0 + H)
+    assert found == BuriedCount(2, T0 + H)
+    later = await buried(store, "mail.a", T0 + 2 * H, "timeout")  # after the dry run
+
+    confirmed = BuriedFilter(error_contains="timeout", buried_by=found.as_of)
+    assert await store.purge_buried(selection=confirmed, now=T0 + 3 * H) == 2
+
+    left = {s.message.id for s in await store.list_buried()}
+    assert left == {later.id}
+    assert {first.id, newest.id}.isdisjoint(left)
+
+
+async def test_a_purge_names_what_it_deletes_and_a_selection_or_arguments_not_both(
+    store: Store[Any],
+) -> None:
+    m = await buried(store, "mail.a", T0)
+    with pytest.raises(ValueError, match="older_than or a selection"):
+        await store.purge_buried(now=T0 + H)
+    with pytest.raises(ValueError, match="not both"):
+        await store.requeue(topic="mail.a", selection=BuriedFilter(topic="mail.a"))
+    assert (await store.get(m.id)).buried_at == T0, "nothing changed"
+    assert await store.purge_buried(selection=BuriedFilter(), now=T0 + H) == 1  # everything

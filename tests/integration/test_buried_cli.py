@@ -186,6 +186,22 @@ def test_purge_deletes_by_age(buried: Buried) -> None:
     assert buried.count() == 2
 
 
+def test_requeue_and_purge_what_an_error_text_and_an_age_select(buried: Buried) -> None:
+    code, dry, _ = buried.run("requeue", "--error-contains", "550", "--dry-run")
+    assert (code, dry) == (0, "would requeue 2 messages\n")
+    code, out, _ = buried.run("requeue", "--error-contains", "550", "--older-than", "1h")
+    assert (code, out) == (0, "requeued 1 messages\n")
+    assert buried.state(buried.old)["buried_at"] is None
+    assert buried.state(buried.recent)["buried_at"] is not None
+
+    code, out, _ = buried.run("purge", "--error-contains", "NO handler", "--yes")
+    assert (code, out) == (0, "deleted 1 buried messages\n")
+    code, out, err = buried.run("purge", "--all", "--error-contains", "550")
+    assert code == 2
+    assert "--all (alone)" in err
+    assert buried.count() == 3  # the requeued, the recent one, the live one
+
+
 def test_commands_work_on_the_embedded_default_when_asked(tmp_path: Path) -> None:
     data = tmp_path / "data"
 

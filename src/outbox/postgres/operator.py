@@ -18,6 +18,7 @@ from outbox.errors import NotFound
 from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.statements import Statements
+from outbox.requests import BuriedCount, BuriedFilter, buried_selection
 from outbox.store import (
     BLOCKED_SCAN,
     SWEEP_BATCH,
@@ -77,6 +78,12 @@ class OperatorQueries:
         params = {"topic": topic, "within": within, "limit": limit, "now": now}
         return [_stored(r) for r in await self.statements.fetch(_BURIED_LIST, params)]
 
+    async def count_buried(
+        self, selection: BuriedFilter, *, now: dt.datetime | None = None
+    ) -> BuriedCount:
+        [(n, newest)] = await self.statements.fetch(_BURIED_COUNT, _selecting(selection, now))
+        return BuriedCount(int(n), newest)
+
     async def requeue(
         self,
         *,
@@ -85,31 +92,29 @@ class OperatorQueries:
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
-        params = {"now": now, "ids": None if ids is None else list(ids), "topic": topic}
+        chosen = buried_selection(selection, ids=ids, topic=topic)
         if dry_run:
-            return await self._buried_count({**params, "older_than": None})
-        return await self.statements.in_batches(_BURIED_REQUEUE, {**params, "limit": batch})
+            return (await self.count_buried(chosen, now=now)).count
+        params = {**_selecting(chosen, now), "limit": batch}
+        return await self.statements.in_batches(_BURIED_REQUEUE, params)
 
     async def purge_buried(
         self,
-        older_than: dt.timedelta,
+        older_than: dt.timedelta | None = None,
         *,
         topic: str | None = None,
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
-        params = {"now": now, "older_than": older_than, "topic": topic}
+        chosen = buried_selection(selection, topic=topic, older_than=older_than, purge=True)
         if dry_run:
-            return await self._buried_count({**params, "ids": None})
-        return await self.statements.in_batches(
-            _BURIED_PURGE, {**params, "limit": batch}, unpark=True
-        )
-
-    async def _buried_count(self, params: dict[str, Any]) -> int:
-        [(n,)] = await self.statements.fetch(_BURIED_COUNT, params)
-        return int(n)
+            return (await self.count_buried(chosen, now=now)).count
+        params = {**_selecting(chosen, now), "limit": batch}
+        return await self.statements.in_batches(_BURIED_PURGE, params, unpark=True)
 
     async def topic_stats(
         self, *, max_age: dt.timedelta | None = None, blocked: bool = True
@@ -160,6 +165,18 @@ class OperatorQueries:
 
     async def delete_topic(self, topic: str) -> bool:
         return await self.statements.count(_TOPIC_DELETE, {"topic": topic}) > 0
+
+
+def _selecting(selection: BuriedFilter, now: dt.datetime | None) -> dict[str, Any]:
+    """The parameters of a selection of buried messages (buried_count's)."""
+    return {
+        "now": now,
+        "ids": None if selection.ids is None else list(selection.ids),
+        "topic": selection.topic,
+        "older_than": selection.older_than,
+        "buried_by": selection.buried_by,
+        "error": selection.error_contains,
+    }
 
 
 def _stored(r: Any) -> StoredMessage:

@@ -36,6 +36,8 @@ from outbox.postgres.statements import DEADLINE, Statements
 from outbox.requests import (
     Acked,
     Buried,
+    BuriedCount,
+    BuriedFilter,
     Claimed,
     ClaimRequest,
     Orphans,
@@ -442,6 +444,11 @@ class PostgresStore:
     ) -> list[StoredMessage]:
         return await self.operator.list_buried(topic=topic, within=within, limit=limit, now=now)
 
+    async def count_buried(
+        self, selection: BuriedFilter, *, now: dt.datetime | None = None
+    ) -> BuriedCount:
+        return await self.operator.count_buried(selection, now=now)
+
     async def requeue(
         self,
         *,
@@ -450,22 +457,24 @@ class PostgresStore:
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
         return await self.operator.requeue(
-            ids=ids, topic=topic, dry_run=dry_run, now=now, batch=batch
+            ids=ids, topic=topic, dry_run=dry_run, now=now, batch=batch, selection=selection
         )
 
     async def purge_buried(
         self,
-        older_than: dt.timedelta,
+        older_than: dt.timedelta | None = None,
         *,
         topic: str | None = None,
         dry_run: bool = False,
         now: dt.datetime | None = None,
         batch: int = SWEEP_BATCH,
+        selection: BuriedFilter | None = None,
     ) -> int:
         return await self.operator.purge_buried(
-            older_than, topic=topic, dry_run=dry_run, now=now, batch=batch
+            older_than, topic=topic, dry_run=dry_run, now=now, batch=batch, selection=selection
         )
 
     async def topic_stats(

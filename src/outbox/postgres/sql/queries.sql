@@ -505,20 +505,27 @@ ORDER BY buried_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- buried_count --
--- How many buried messages a requeue or purge of the same selection would touch.
-SELECT count(*)
+-- How many buried messages a requeue or purge of the same selection would
+-- touch, and when the newest of them was buried (the confirmed action's
+-- %(buried_by)s). The selection, here and in buried_requeue and buried_purge:
+-- %(ids)s, %(topic)s, buried longer than %(older_than)s ago, buried by
+-- %(buried_by)s, and a last error containing %(error)s in any case (strpos:
+-- no pattern characters to escape); NULL narrows nothing.
+SELECT count(*), max(buried_at)
 FROM outbox_messages
 WHERE buried_at IS NOT NULL
   AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
   AND (%(topic)s::text IS NULL OR topic = %(topic)s)
   AND (%(older_than)s::interval IS NULL
-       OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval);
+       OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
+  AND (%(buried_by)s::timestamptz IS NULL OR buried_at <= %(buried_by)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0);
 
 -- buried_requeue --
--- Make at most %(limit)s buried messages due now (the database's time) with
--- attempts reset; keep the last error. Only buried rows match, so a batch
--- never matches what an earlier one requeued, and running it twice changes
--- nothing the second time. The caller repeats it, a commit a batch.
+-- Make at most %(limit)s buried messages of the selection (buried_count's)
+-- due now (the database's time) with attempts reset; keep the last error.
+-- Only buried rows match, so a batch never matches what an earlier one
+-- requeued, and running it twice changes nothing the second time. The caller repeats it, a commit a batch.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS now
 ),
@@ -528,6 +535,10 @@ batch AS (
     WHERE buried_at IS NOT NULL
       AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
       AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+      AND (%(older_than)s::interval IS NULL
+           OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
+      AND (%(buried_by)s::timestamptz IS NULL OR buried_at <= %(buried_by)s)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -553,15 +564,19 @@ FROM batch AS b, clock
 WHERE m.id = b.id;
 
 -- buried_purge --
--- Delete at most %(limit)s messages buried longer than %(older_than)s ago
--- (by the database's time); the caller repeats it, a commit a batch.
+-- Delete at most %(limit)s buried messages of the selection (buried_count's);
+-- the caller repeats it, a commit a batch.
 DELETE FROM outbox_messages
 WHERE id IN (
     SELECT id
     FROM outbox_messages
     WHERE buried_at IS NOT NULL
-      AND buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval
+      AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s))
       AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+      AND (%(older_than)s::interval IS NULL
+           OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
+      AND (%(buried_by)s::timestamptz IS NULL OR buried_at <= %(buried_by)s)
+      AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )

@@ -7,16 +7,16 @@ codes: ``show`` prints one only when asked (``--payload``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import sys
 import uuid
-from collections.abc import Sequence
 from typing import TextIO
 
 from outbox.durations import format_duration
 from outbox.service.admin.output import as_json, confirm, print_json, short, table, when
-from outbox.store import Operator
+from outbox.store import BuriedFilter, Operator
 
 __all__ = ["list_buried", "purge", "requeue", "show"]
 
@@ -97,57 +97,71 @@ def _pretty(payload: bytes) -> str:
 
 async def requeue(
     store: Operator,
+    selection: BuriedFilter,
     *,
-    ids: Sequence[uuid.UUID] | None,
-    topic: str | None,
     dry_run: bool,
     yes: bool,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Requeue what the selection names; return how many were (or would be) requeued.
+    """Requeue what ``selection`` selects; return how many were (or would be)
+    requeued. Everything (an empty selection) is asked about first.
 
-    Requeued messages are due at the database's time, not this machine's.
+    The requeue acts on what the count found (what was buried by then), so
+    it can only requeue fewer. Requeued messages are due at the database's
+    time, not this machine's.
     """
     out, err = out or sys.stdout, err or sys.stderr  # the streams of now, not of import time
-    if ids is not None:
+    if selection.ids is not None:
         states = {}
-        for i in ids:
+        for i in selection.ids:
             states[i] = await store.get(i)  # NotFound before anything changes
         for i, state in states.items():
             if state.buried_at is None:
                 err.write(f"{i}: not buried, left alone\n")
-        ids = [i for i, state in states.items() if state.buried_at is not None]
+        ids = tuple(i for i, state in states.items() if state.buried_at is not None)
         if not ids:
             out.write("requeued 0 messages\n")
             return 0
-    elif not dry_run and topic is None:
-        count = await store.requeue(dry_run=True)
-        confirm(f"Requeue all {count} buried messages?", yes=yes)
-    done = await store.requeue(ids=ids, topic=topic, dry_run=dry_run)
-    verb = "would requeue" if dry_run else "requeued"
-    out.write(f"{verb} {done} messages\n")
+        selection = dataclasses.replace(selection, ids=ids)
+    found = await store.count_buried(selection)
+    if dry_run:
+        out.write(f"would requeue {found.count} messages\n")
+        return found.count
+    if selection.everything and found.count:
+        confirm(f"Requeue all {found.count} buried messages?", yes=yes)
+    done = 0
+    if found.as_of is not None:
+        selection = dataclasses.replace(selection, buried_by=found.as_of)
+        done = await store.requeue(selection=selection)
+    out.write(f"requeued {done} messages\n")
     return done
 
 
 async def purge(
     store: Operator,
-    older_than: dt.timedelta,
+    selection: BuriedFilter,
     *,
-    topic: str | None,
     dry_run: bool,
     yes: bool,
     out: TextIO | None = None,
 ) -> int:
-    """Delete messages buried longer than ``older_than`` ago (the database's time)."""
+    """Delete the buried messages ``selection`` selects (its ages by the
+    database's time), after asking; only what the count found (what was
+    buried by then), so it can only delete fewer."""
     out = out or sys.stdout  # the stream of now, not of import time
-    age = format_duration(older_than)
-    count = await store.purge_buried(older_than, topic=topic, dry_run=True)
+    what = "messages"
+    if selection.older_than is not None:
+        what += f" buried more than {format_duration(selection.older_than)} ago"
+    found = await store.count_buried(selection)
     if dry_run:
-        out.write(f"would delete {count} messages buried more than {age} ago\n")
-        return count
-    if count:
-        confirm(f"Delete {count} messages buried more than {age} ago?", yes=yes)
-    done = await store.purge_buried(older_than, topic=topic)
+        out.write(f"would delete {found.count} {what}\n")
+        return found.count
+    done = 0
+    if found.as_of is not None:
+        confirm(f"Delete {found.count} {what}?", yes=yes)
+        done = await store.purge_buried(
+            selection=dataclasses.replace(selection, buried_by=found.as_of)
+        )
     out.write(f"deleted {done} buried messages\n")
     return done

@@ -19,6 +19,10 @@ from outbox.service.cli.common import (
     with_store,
 )
 from outbox.service.settings import ServiceSettings
+from outbox.store import BuriedFilter
+
+MAX_ERROR_TEXT = 200
+"""The longest error text a selection searches for."""
 
 
 def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -54,23 +58,58 @@ def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
     requeue = actions.add_parser(
         "requeue", help="make buried messages due now, attempts reset (last error kept)"
     )
-    requeue.add_argument("ids", nargs="*", type=message_id, metavar="ID")
-    requeue.add_argument("--topic", type=topic, help="every buried message of this topic")
-    requeue.add_argument("--all", action="store_true", help="every buried message")
+    _selecting(requeue, "requeue")
     requeue.add_argument("--dry-run", action="store_true", help="say what would change")
     requeue.add_argument("--yes", action="store_true", help="do not ask before --all")
     requeue.set_defaults(func=_buried_requeue)
     embedded_flag(requeue)
 
     purge = actions.add_parser("purge", help="delete buried messages past retention")
-    purge.add_argument(
-        "--older-than", type=duration, required=True, help="buried longer ago than this (7d)"
-    )
-    purge.add_argument("--topic", type=topic, help="only this topic")
+    _selecting(purge, "delete")
     purge.add_argument("--dry-run", action="store_true", help="say what would be deleted")
     purge.add_argument("--yes", action="store_true", help="do not ask")
     purge.set_defaults(func=_buried_purge)
     embedded_flag(purge)
+
+
+def _selecting(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The selection of buried messages a requeue or purge acts on: every
+    option given narrows it (ids, topic, age, error text); --all alone is all."""
+    parser.add_argument("ids", nargs="*", type=message_id, metavar="ID")
+    parser.add_argument("--topic", type=topic, help=f"{verb} only this topic's")
+    parser.add_argument(
+        "--older-than", type=duration, help=f"{verb} only those buried longer ago than this (7d)"
+    )
+    parser.add_argument(
+        "--error-contains",
+        type=_error_text,
+        metavar="TEXT",
+        help=f"{verb} only those whose last error contains TEXT (any case)",
+    )
+    parser.add_argument("--all", action="store_true", help=f"{verb} every buried message")
+
+
+def _error_text(text: str) -> str:
+    if not text or len(text) > MAX_ERROR_TEXT:
+        raise argparse.ArgumentTypeError(f"give 1 to {MAX_ERROR_TEXT} characters")
+    return text
+
+
+def _selection(args: argparse.Namespace, verb: str) -> BuriedFilter:
+    """The selection the options name; --all alone, or at least one narrowing."""
+    chosen = BuriedFilter(
+        ids=tuple(args.ids) if args.ids else None,
+        topic=args.topic,
+        older_than=args.older_than,
+        error_contains=args.error_contains,
+    )
+    if args.all != chosen.everything:
+        raise ConfigError(
+            verb,
+            "name message ids, or narrow with --topic, --older-than, --error-contains,"
+            " or --all (alone)",
+        )
+    return chosen
 
 
 def _buried_list(args: argparse.Namespace) -> int:
@@ -89,25 +128,14 @@ def _buried_show(args: argparse.Namespace) -> int:
 
 
 def _buried_requeue(args: argparse.Namespace) -> int:
-    chosen = sum((bool(args.ids), args.topic is not None, args.all))
-    if chosen != 1:
-        raise ConfigError("requeue", "name message ids, or --topic T, or --all (one of them)")
+    chosen = _selection(args, "requeue")
     return with_store(
-        lambda store: admin.requeue(
-            store,
-            ids=args.ids or None,
-            topic=args.topic,
-            dry_run=args.dry_run,
-            yes=args.yes,
-        ),
-        args,
+        lambda store: admin.requeue(store, chosen, dry_run=args.dry_run, yes=args.yes), args
     )
 
 
 def _buried_purge(args: argparse.Namespace) -> int:
+    chosen = _selection(args, "purge")
     return with_store(
-        lambda store: admin.purge(
-            store, args.older_than, topic=args.topic, dry_run=args.dry_run, yes=args.yes
-        ),
-        args,
+        lambda store: admin.purge(store, chosen, dry_run=args.dry_run, yes=args.yes), args
     )
