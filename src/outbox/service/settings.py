@@ -46,6 +46,7 @@ __all__ = [
     "RelaySettings",
     "ServiceSettings",
     "SmtpSettings",
+    "UiSettings",
     "WebhookSettings",
     "config_error",
     "kind_settings",
@@ -242,4 +243,27 @@ class ControllerSettings(BaseSettings):
     )
     health_port: int = Field(
         default=8080, ge=1, le=65535, description="Port of the controller's /healthz."
+    )
+
+
+class UiSettings(BaseSettings):
+    """The operator console's own settings (prefix OUTBOX_UI_)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}UI_", extra="ignore", frozen=True)
+
+    host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address `outbox ui` listens on. Beyond loopback it needs authentication "
+            "(OUTBOX_UI_TOKENS_FILE)."
+        ),
+    )
+    port: int = Field(default=8080, ge=0, le=65535, description="Port `outbox ui` listens on.")
+    tokens_file: Path | None = Field(
+        default=None,
+        description=(
+            "File of API tokens, one `NAME ROLE TOKEN` a line (ROLE: viewer or operator; "
+            "a mounted Secret, read again when it changes). Unset: every visitor is a "
+            "viewer, and the console listens on loopback only."
+        ),
     )

@@ -10,7 +10,17 @@ from pydantic import ValidationError
 
 from outbox.errors import ConfigError, NotFound, OutboxError, SchemaMissing
 from outbox.service import logs
-from outbox.service.cli import buried, controller, env, keys, migrate, relay, relays, topics
+from outbox.service.cli import (
+    buried,
+    controller,
+    env,
+    keys,
+    migrate,
+    relay,
+    relays,
+    topics,
+    ui,
+)
 from outbox.service.cli.common import Parser
 from outbox.service.settings import ServiceSettings, config_error
 
@@ -24,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     formatter = argparse.RawDescriptionHelpFormatter
-    for module in (relay, migrate, controller, buried, keys, topics, relays, env):
+    for module in (relay, migrate, controller, buried, keys, topics, relays, ui, env):
         module.add(commands, formatter)
     return parser
 

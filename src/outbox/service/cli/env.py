@@ -11,6 +11,7 @@ from outbox.service.settings import (
     RelaySettings,
     ServiceSettings,
     SmtpSettings,
+    UiSettings,
     variables,
 )
 
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         SmtpSettings,
         *KIND_SETTINGS,
         ControllerSettings,
+        UiSettings,
     )
     if args.markdown:
         print("| variable | default | meaning |\n| --- | --- | --- |")

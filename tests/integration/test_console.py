@@ -1,0 +1,210 @@
+"""The operator console's API (`outbox ui`) against a real PostgreSQL: served on
+loopback by aiohttp in this process, and as the real command where it
+matters (what it refuses to start with, what it serves)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from outbox import Message, new_message
+from outbox.postgres import PostgresStore
+from outbox.service.ui import Console, TokenFile
+from outbox.service.ui.api import MAX_BODY, MAX_IDS
+from tests.clock import T0
+from tests.integration.process import REPO, free_port, outbox_env, run_outbox, wait_until
+
+VIEWER = "viewer-token-0123456789"
+OPERATOR = "operator-token-0123456789"
+LEASE = dt.timedelta(minutes=2)
+
+
+def tokens_file(path: Path) -> Path:
+    path.write_text(f"# the console's tokens\nana viewer {VIEWER}\nolu operator {OPERATOR}\n")
+    return path
+
+
+class Client:
+    """Requests to a served console, each with ``token`` (None: no credentials)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
+        self.session, self.base = session, base
+
+    async def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
+        async with self.session.get(self.base + path, headers=_auth(token)) as r:
+            return r.status, await r.json()
+
+    async def post(self, path: str, body: Any, token: str | None = None) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with self.session.post(self.base + path, data=data, headers=_auth(token)) as r:
+            return r.status, await r.json()
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def console(pg_store: PostgresStore, tmp_path: Path) -> AsyncIterator[Client]:
+    app = Console(pg_store, TokenFile(tokens_file(tmp_path / "tokens"))).app()
+    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+        yield Client(session, str(server.make_url("")).rstrip("/"))
+
+
+async def bury(store: PostgresStore, *msgs: Message, reason: str) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, *msgs)
+    for m in msgs:
+        await store.bury(m.id, reason, at=T0)
+
+
+async def test_without_a_token_nothing_is_answered_and_a_viewer_reads_but_never_changes(
+    console: Client, pg_store: PostgresStore
+) -> None:
+    await bury(pg_store, new_message("mail.welcome", {"code": "918273"}, T0), reason="550 gone")
+
+    assert (await console.get("/api/v1/topics"))[0] == 401
+    assert (await console.get("/api/v1/topics", "not-a-token-at-all"))[0] == 401
+    status, topics = await console.get("/api/v1/topics", VIEWER)
+    assert status == 200
+    [welcome] = topics
+    assert (welcome["topic"], welcome["buried"], welcome["pending"]) == ("mail.welcome", 1, 0)
+    assert "918273" not in json.dumps(topics), "no payload in what a viewer reads"
+
+    body = {"filter": {"topic": "mail.welcome"}, "dry_run": True}
+    status, answer = await console.post("/api/v1/buried/requeue", body, VIEWER)
+    assert status == 403
+    assert "operator" in answer["error"]
+    assert (await console.post("/api/v1/buried/purge", body))[0] == 401
+    assert len(await pg_store.list_buried()) == 1, "nothing changed"
+
+
+async def test_a_dry_run_counts_what_the_action_then_requeues_and_the_audit_line_says_who(
+    console: Client, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    timeouts = [new_message("hook.order", {"n": n}, T0, key="order-7") for n in range(3)]
+    await bury(pg_store, *timeouts, reason="receiver said: SECRET-TIMEOUT-7")
+    rejected = new_message("hook.order", {"n": 9}, T0)
+    await bury(pg_store, rejected, reason="400 bad request")
+    wanted = {"topic": "hook.order", "error_contains": "secret-timeout"}
+
+    status, dry = await console.post(
+        "/api/v1/buried/requeue", {"filter": wanted, "dry_run": True}, OPERATOR
+    )
+    assert (status, dry["count"]) == (200, 3)
+    assert dry["as_of"] is not None
+    with caplog.at_level(logging.INFO, logger="outbox.ui.audit"):
+        status, done = await console.post(
+            "/api/v1/buried/requeue", {"filter": {**wanted, "buried_by": dry["as_of"]}}, OPERATOR
+        )
+    assert (status, done) == (200, {"count": 3})
+    [left] = await pg_store.list_buried()
+    assert left.message.id == rejected.id, "only what the filter selected was requeued"
+
+    [line] = [r.getMessage() for r in caplog.records if r.name == "outbox.ui.audit"]
+    assert line.startswith("olu (operator) requeue: topic=hook.order")
+    assert "filter=buried_by,error_contains,topic count=3" in line
+    assert "timeout" not in line.lower(), "not the error text searched for"
+    assert "order-7" not in line, "no key in the audit log"
+
+    # The key's requeued messages go out in their order.
+    claimed = await pg_store.claim(None, LEASE, 10)
+    assert [m.id for m in claimed] == [timeouts[0].id]
+
+
+async def test_filters_are_checked_and_bounded(console: Client) -> None:
+    refusals = [
+        ({"filter": {}}, 400, "empty filter"),
+        ({"dry_run": True}, 400, "give a filter"),
+        ({"filter": {"all": True, "topic": "a.b"}}, 400, "alone"),
+        ({"filter": {"topic": "Not A Topic"}}, 400, "topic"),
+        ({"filter": {"colour": "red"}}, 400, "unknown filter fields: colour"),
+        ({"filter": {"older_than": "soon"}}, 400, "older_than"),
+        ({"filter": {"error_contains": "x" * 201}}, 400, "error_contains"),
+        ({"filter": {"ids": ["nope"]}}, 400, "UUIDs"),
+        ({"filter": {"ids": [str(uuid.uuid4())] * (MAX_IDS + 1)}}, 413, "at most"),
+        ({"filter": {"all": True}, "dry_run": "yes"}, 400, "dry_run"),
+    ]
+    for body, status, says in refusals:
+        got, answer = await console.post("/api/v1/buried/purge", body, OPERATOR)
+        assert (got, says in answer["error"]) == (status, True), (body, answer)
+    got, answer = await console.post("/api/v1/buried/purge", b"x" * (MAX_BODY + 1), OPERATOR)
+    assert got == 413
+    got, answer = await console.post("/api/v1/buried/purge", b"[1]", OPERATOR)
+    assert (got, answer["error"]) == (400, "the body must be a JSON object")
+    status, everything = await console.post(
+        "/api/v1/buried/purge", {"filter": {"all": True}, "dry_run": True}, OPERATOR
+    )
+    assert (status, everything) == (200, {"count": 0, "as_of": None})
+    assert (await console.get("/api/v1/keys/blocked?limit=501", VIEWER))[0] == 400
+
+
+async def test_a_rotated_tokens_file_is_read_again(pg_store: PostgresStore, tmp_path: Path) -> None:
+    path = tokens_file(tmp_path / "tokens")
+    tokens = TokenFile(path)
+    assert tokens.who(VIEWER) is not None
+    path.write_text(f"ana viewer {'rotated-viewer-token-0001'}\n")
+    assert tokens.who(VIEWER) is None, "the old token stops working"
+    assert tokens.who("rotated-viewer-token-0001") is not None
+    path.write_text("ana admin short\n")  # a bad edit keeps the tokens read before
+    assert tokens.who("rotated-viewer-token-0001") is not None
+
+
+def test_the_command_refuses_to_serve_beyond_loopback_without_authentication(db: str) -> None:
+    result = run_outbox("ui", OUTBOX_DATABASE_URL=db, OUTBOX_UI_HOST="0.0.0.0")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("outbox ui: OUTBOX_UI_HOST: 0.0.0.0 is beyond loopback")
+
+
+def test_the_command_serves_the_api_with_its_tokens(db: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = outbox_env(
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_UI_HOST="127.0.0.1",
+        OUTBOX_UI_PORT=str(port),
+        OUTBOX_UI_TOKENS_FILE=str(tokens_file(tmp_path / "tokens")),
+        OUTBOX_LOG_FORMAT="json",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "outbox.service.cli", "ui"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        import urllib.error
+        import urllib.request
+
+        def answer(path: str, token: str | None = None) -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=_auth(token))
+            try:
+                with urllib.request.urlopen(request, timeout=2) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+            except OSError:
+                return 0
+
+        wait_until("the console to listen", lambda: answer("/healthz") == 200)
+        assert answer("/api/v1/relays") == 401
+        assert answer("/api/v1/relays", VIEWER) == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    assert VIEWER not in out, "no token in the log"
+    assert "console listening on http://127.0.0.1" in out
