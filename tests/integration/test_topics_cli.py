@@ -72,11 +72,16 @@ def test_an_entry_an_outboxtopic_governs_is_refused_unless_forced(db: str) -> No
     for args in (("pause", "orders.placed"), ("delete", "orders.placed")):
         code, _out, err = topics(db, *args)
         assert code == 2
+        then = {
+            "pause": "this change is written as an operator's override, which holds until "
+            "`outbox topics delete` hands the topic back to the resource",
+            "delete": "the entry is removed, and the controller writes the resource's again "
+            "at its next reconcile",
+        }[args[0]]
         assert err.strip().splitlines() == [
             f"outbox topics {args[0]}: --force: orders.placed is governed by OutboxTopic "
             "shop/orders: change it with `kubectl -n shop edit outboxtopic orders` (with --force "
-            "this change is written, and the controller puts the resource's spec back at its "
-            "next reconcile)"
+            f"{then})"
         ]
     assert listed(db)["orders.placed"]["enabled"] is True
 

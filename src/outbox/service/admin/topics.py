@@ -160,22 +160,29 @@ def checked(
     return entry
 
 
-def governed(entry: TopicSettings | None, *, force: bool) -> None:
+def governed(entry: TopicSettings | None, *, force: bool, deleting: bool = False) -> None:
     """Refuse to change an entry an OutboxTopic governs, unless ``force``.
 
-    The controller writes its resource's spec back at its next reconcile, so
-    a change here would be reverted within its status interval, silently.
+    With ``force`` the change is written as an operator's entry, which the
+    controller never replaces: the resource reports a Conflict until
+    ``outbox topics delete`` hands the topic back to it. ``deleting`` the
+    entry, the controller writes its resource's again at its next reconcile.
     """
     source = entry.source if entry else None
     if force or not source or not source.startswith("kubernetes:"):
         return
     resource = source.removeprefix("kubernetes:")
     namespace, _, name = resource.partition("/")
+    then = (
+        "the entry is removed, and the controller writes the resource's again at its next reconcile"
+        if deleting
+        else "this change is written as an operator's override, which holds until "
+        "`outbox topics delete` hands the topic back to the resource"
+    )
     raise ConfigError(
         "--force",
         f"{entry.topic if entry else '?'} is governed by OutboxTopic {resource}: change it with "
-        f"`kubectl -n {namespace} edit outboxtopic {name}` (with --force this change is "
-        "written, and the controller puts the resource's spec back at its next reconcile)",
+        f"`kubectl -n {namespace} edit outboxtopic {name}` (with --force {then})",
     )
 
 

@@ -67,7 +67,10 @@ def force_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="change an entry an OutboxTopic governs (the controller will put it back)",
+        help=(
+            "act on an entry an OutboxTopic governs: a change is an override the controller "
+            "leaves alone; deleting it hands the topic back to the resource"
+        ),
     )
 
 

@@ -127,7 +127,7 @@ def _topics_set(args: argparse.Namespace) -> int:
 
 def _topics_delete(args: argparse.Namespace) -> int:
     async def delete(store: PostgresStore) -> None:
-        admin.governed((await store.topics()).get(args.topic), force=args.force)
+        admin.governed((await store.topics()).get(args.topic), force=args.force, deleting=True)
         found = await store.delete_topic(args.topic)
         print(f"{args.topic}: entry deleted" if found else f"{args.topic}: had no entry")
 
