@@ -21,6 +21,7 @@ __all__ = [
     "OutboxError",
     "PayloadMismatch",
     "Permanent",
+    "QueryTooBroad",
     "RetryAfter",
     "SchemaMissing",
     "StoreError",
@@ -151,6 +152,17 @@ class StoreError(OutboxError):
 
     Its message is the server's first line, which never quotes a password.
     """
+
+
+class QueryTooBroad(StoreError):
+    """An operator's listing ran out of its time: the filter matches too little
+    of too much (narrow it: a topic, a state, a key)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"outbox: the listing read for {seconds:g}s without filling its page: narrow the "
+            "filter (a topic, a state, a key)"
+        )
 
 
 class SchemaMissing(StoreError):

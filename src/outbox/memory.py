@@ -33,6 +33,7 @@ from outbox.requests import (
     Settled,
     Sorted,
     buried_selection,
+    check_listing,
 )
 from outbox.store import (
     SWEEP_BATCH,
@@ -333,6 +334,37 @@ class MemoryStore:
 
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return self._row(message_id).state()
+
+    async def list_messages(
+        self,
+        *,
+        state: str | None = None,
+        topic: str | None = None,
+        key: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+        now: dt.datetime | None = None,
+    ) -> list[StoredMessage]:
+        check_listing(state, limit)
+        now = now or self.clock()
+        listed = []
+        for r in sorted(self._rows.values(), key=lambda r: r.message.id):
+            m = r.message
+            if after is not None and m.id <= after:
+                continue
+            if (topic is not None and m.topic != topic) or (key is not None and m.key != key):
+                continue
+            waiting = r.buried_at is None and r.leased_until is None
+            parked = waiting and m.key is not None and not self._keys.heads(r, now)
+            stored = dataclasses.replace(
+                r.state(), message=dataclasses.replace(m, payload=b""), size=len(m.payload)
+            )
+            stored = dataclasses.replace(stored, parked=parked)
+            if state is None or stored.state(now) == state:
+                listed.append(stored)
+                if len(listed) == limit:
+                    break
+        return listed
 
     async def list_buried(
         self,

@@ -31,6 +31,19 @@ class StoredMessage:
     size: int | None = None
     """Bytes of the payload, when the payload itself was not read (list_buried)."""
 
+    parked: bool = False
+    """It waits behind an earlier message of its key (no lease holds it)."""
+
+    def state(self, now: dt.datetime) -> str:
+        """Where it is at ``now`` (the store's time): one of requests.MESSAGE_STATES."""
+        if self.buried_at is not None:
+            return "buried"
+        if self.parked:
+            return "parked"
+        if self.leased_until is not None:
+            return "in_flight"
+        return "pending" if self.due_at <= now else "due_later"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TopicSettings:

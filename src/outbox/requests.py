@@ -19,6 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from outbox.message import Message
 
 __all__ = [
+    "MESSAGE_STATES",
     "Acked",
     "Buried",
     "BuriedCount",
@@ -32,6 +33,7 @@ __all__ = [
     "Settled",
     "buried_selection",
     "check_claim",
+    "check_listing",
 ]
 
 
@@ -274,3 +276,18 @@ def buried_selection(
     if ids is not None or topic is not None or older_than is not None:
         raise ValueError("give a selection or ids/topic/older_than, not both")
     return selection
+
+
+MESSAGE_STATES = ("pending", "due_later", "in_flight", "parked", "buried")
+"""The states a listing of messages selects by (StoredMessage.state)."""
+MAX_LISTING = 500
+"""The largest page a listing of messages returns."""
+
+
+def check_listing(state: str | None, limit: int) -> None:
+    """ValueError unless ``state`` is one of MESSAGE_STATES (or None) and
+    ``limit`` from 1 to MAX_LISTING."""
+    if state is not None and state not in MESSAGE_STATES:
+        raise ValueError(f"state must be one of {', '.join(MESSAGE_STATES)}")
+    if not 1 <= limit <= MAX_LISTING:
+        raise ValueError(f"limit must be from 1 to {MAX_LISTING}")

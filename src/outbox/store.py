@@ -276,6 +276,24 @@ class Operator(Protocol):
         """Return a message with its delivery state. Raises NotFound if it is not there."""
         ...
 
+    async def list_messages(
+        self,
+        *,
+        state: str | None = None,
+        topic: str | None = None,
+        key: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+        now: dt.datetime | None = None,
+    ) -> list[StoredMessage]:
+        """Up to ``limit`` (at most 500) messages in the order of their ids, after
+        ``after`` (the last id of the page before), of ``state`` (one of
+        MESSAGE_STATES), ``topic`` and ``key`` (None: any). Payloads are not
+        read (``size`` says how large each is). A listing that reads too long
+        without filling its page raises QueryTooBroad; a bad state or limit,
+        ValueError."""
+        ...
+
     async def list_buried(
         self,
         *,

@@ -199,3 +199,45 @@ async def test_a_purge_names_what_it_deletes_and_a_selection_or_arguments_not_bo
         await store.requeue(topic="mail.a", selection=BuriedFilter(topic="mail.a"))
     assert (await store.get(m.id)).buried_at == T0, "nothing changed"
     assert await store.purge_buried(selection=BuriedFilter(), now=T0 + H) == 1  # everything
+
+
+async def test_a_listing_pages_through_messages_by_state_topic_and_key(store: Store[Any]) -> None:
+    head = new_message("hook.order", {"n": 0}, T0, key="order-1")
+    follower = new_message("hook.order", {"n": 1}, T0, key="order-1")
+    async with store.begin() as tx:
+        await store.add(tx, head, follower)
+    [claimed] = await store.claim(T0, LEASE, 10)  # the follower waits behind its head
+    assert claimed.id == head.id
+    due = new_message("mail.a", {"code": "918273"}, T0)
+    later = new_message("mail.a", {}, T0 + H)
+    kept = new_message("mail.b", {}, T0)
+    async with store.begin() as tx:
+        await store.add(tx, due, later, kept)
+    await store.bury(kept.id, "550", at=T0)
+
+    listed = await store.list_messages(now=T0)
+    assert {s.message.id: s.state(T0) for s in listed} == {
+        head.id: "in_flight",
+        follower.id: "parked",
+        due.id: "pending",
+        later.id: "due_later",
+        kept.id: "buried",
+    }
+    assert [s.message.id for s in listed] == sorted(s.message.id for s in listed)
+    assert all(s.message.payload == b"" for s in listed), "payloads are not read"
+    assert {s.size for s in listed if s.message.id == due.id} == {len(due.payload)}
+    assert [s.message.key for s in listed if s.message.topic == "hook.order"] == ["order-1"] * 2
+
+    for state, wanted in (("pending", due), ("parked", follower), ("buried", kept)):
+        [only] = await store.list_messages(state=state, now=T0)
+        assert only.message.id == wanted.id, state
+    assert len(await store.list_messages(key="order-1", now=T0)) == 2
+    assert len(await store.list_messages(topic="mail.a", now=T0)) == 2
+
+    first = await store.list_messages(limit=2, now=T0)
+    rest = await store.list_messages(after=first[-1].message.id, limit=500, now=T0)
+    assert [s.message.id for s in first + rest] == [s.message.id for s in listed]
+    with pytest.raises(ValueError, match="state must be one of"):
+        await store.list_messages(state="sleeping")
+    with pytest.raises(ValueError, match="limit"):
+        await store.list_messages(limit=501)

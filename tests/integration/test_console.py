@@ -208,3 +208,37 @@ def test_the_command_serves_the_api_with_its_tokens(db: str, tmp_path: Path) -> 
     assert proc.returncode == 0, out
     assert VIEWER not in out, "no token in the log"
     assert "console listening on http://127.0.0.1" in out
+
+
+async def test_messages_page_by_id_and_only_an_operator_sees_a_payload_once_audited(
+    console: Client, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    msgs = [
+        new_message("mail.login_link", {"code": f"91827{n}"}, T0, headers={"x-tenant": "acme"})
+        for n in range(3)
+    ]
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, *msgs)
+
+    status, first = await console.get("/api/v1/messages?topic=mail.login_link&limit=2", VIEWER)
+    assert status == 200
+    assert [m["id"] for m in first["messages"]] == [str(m.id) for m in msgs[:2]]
+    assert first["messages"][0]["state"] == "pending"
+    assert first["messages"][0]["headers"] == {"x-tenant": None}, "a viewer sees header names"
+    status, rest = await console.get(f"/api/v1/messages?after={first['next']}", VIEWER)
+    assert [m["id"] for m in rest["messages"]] == [str(msgs[2].id)]
+    assert rest["next"] is None
+    assert "91827" not in json.dumps([first, rest]), "no payload in a listing"
+    assert (await console.get("/api/v1/messages?state=sleeping", VIEWER))[0] == 400
+
+    one = f"/api/v1/messages/{msgs[0].id}"
+    status, shown = await console.get(one, VIEWER)
+    assert (status, "payload" in shown) == (200, False)
+    assert (await console.get(one + "?payload=1", VIEWER))[0] == 403
+    with caplog.at_level(logging.INFO, logger="outbox.ui.audit"):
+        status, revealed = await console.get(one + "?payload=1", OPERATOR)
+    assert (status, json.loads(revealed["payload"])) == (200, {"code": "918270"})
+    assert revealed["headers"] == {"x-tenant": "acme"}
+    [line] = [r.getMessage() for r in caplog.records if r.name == "outbox.ui.audit"]
+    assert line == f"olu (operator) reveal: topic=mail.login_link message={msgs[0].id}"
+    assert (await console.get(f"/api/v1/messages/{uuid.uuid4()}", VIEWER))[0] == 404

@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg.errors
 from psycopg.types.json import Jsonb
 
-from outbox.errors import NotFound
+from outbox.errors import NotFound, QueryTooBroad
 from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.statements import Statements
-from outbox.requests import BuriedCount, BuriedFilter, buried_selection
+from outbox.requests import BuriedCount, BuriedFilter, buried_selection, check_listing
 from outbox.store import (
     BLOCKED_SCAN,
     SWEEP_BATCH,
@@ -33,6 +34,11 @@ __all__ = ["OperatorQueries"]
 
 _KEYS_BLOCKED = QUERIES["keys_blocked"]
 _GET = QUERIES["message_get"]
+_LIST = QUERIES["message_list"]
+LIST_WAIT = 2.0
+"""Longest a listing of messages may read (seconds): a filter that matches little
+in a large outbox is refused with QueryTooBroad rather than read it all."""
+_LIST_TIMEOUT = f"SET LOCAL statement_timeout = {int(LIST_WAIT * 1000)}"
 _BURIED_LIST = QUERIES["buried_list"]
 _BURIED_REQUEUE = QUERIES["buried_requeue"]
 _BURIED_PURGE = QUERIES["buried_purge"]
@@ -66,6 +72,32 @@ class OperatorQueries:
         if not rows:
             raise NotFound(message_id)
         return _stored(rows[0])
+
+    async def list_messages(
+        self,
+        *,
+        state: str | None = None,
+        topic: str | None = None,
+        key: str | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+        now: dt.datetime | None = None,
+    ) -> list[StoredMessage]:
+        check_listing(state, limit)
+        params: dict[str, Any] = {"state": state, "topic": topic, "key": key, "after": after}
+        params |= {"limit": limit, "now": now}
+        async with (
+            self.statements.translated(),
+            self.statements.pool.connection() as conn,
+            conn.transaction(),
+        ):
+            await conn.execute(_LIST_TIMEOUT)
+            try:
+                cur = await conn.execute(_LIST, params)
+                rows = await cur.fetchall()
+            except psycopg.errors.QueryCanceled:
+                raise QueryTooBroad(LIST_WAIT) from None
+        return [_stored(r) for r in rows]
 
     async def list_buried(
         self,
@@ -180,15 +212,27 @@ def _selecting(selection: BuriedFilter, now: dt.datetime | None) -> dict[str, An
 
 
 def _stored(r: Any) -> StoredMessage:
+    """A row of message_get, message_list or buried_list (the same columns)."""
+    payload = r[2].encode()
+    message = Message(
+        id=r[0],
+        topic=r[1],
+        payload=payload,
+        created_at=r[3],
+        attempts=r[4],
+        key=r[12],
+        headers=r[13] or {},
+    )
     return StoredMessage(
-        message=Message(id=r[0], topic=r[1], payload=r[2].encode(), created_at=r[3], attempts=r[4]),
+        message=message,
         due_at=r[5],
         leased_until=r[6],
         last_error=r[7],
         buried_at=r[8],
         requeues=r[9],
         requeued_at=r[10],
-        size=r[11] if len(r) > 11 else None,
+        size=None if payload else r[11],
+        parked=bool(r[14]),
     )
 
 

@@ -483,19 +483,54 @@ WHERE m.slot = ANY(%(slots)s::int2[]) AND m.id = o.id
 RETURNING m.id;
 
 -- message_get --
--- One message with its delivery state.
+-- One message with its delivery state. A parked message's lease (leased until
+-- 'infinity', which Python's datetime cannot hold) is NULL here, and the last
+-- column says it is parked: message_list's columns, and buried_list's.
 SELECT id, topic, payload::text, created_at, attempts,
-       due_at, leased_until, last_error, buried_at, requeues, requeued_at
+       due_at, nullif(leased_until, 'infinity') AS leased_until, last_error, buried_at, requeues,
+       requeued_at, octet_length(payload::text), key, headers,
+       leased_until = 'infinity' AS parked
 FROM outbox_messages
 WHERE id = %(id)s;
+
+-- message_list --
+-- Messages in the order of their ids (time-ordered) after %(after)s (NULL:
+-- from the first), of %(topic)s, %(key)s and %(state)s (NULL: any): pending
+-- (due, no lease), due_later, in_flight (leased; an orphan's lease has
+-- ended), parked (behind an earlier message of its key) or buried. A page
+-- of %(limit)s read on from the last one's id (no OFFSET); payloads stay in
+-- the table: only their size is read. The caller bounds its time
+-- (statement_timeout): a filter that matches little in a large outbox reads
+-- it all.
+SELECT id, topic, '' AS payload, created_at, attempts,
+       due_at, nullif(leased_until, 'infinity') AS leased_until, last_error, buried_at, requeues,
+       requeued_at, octet_length(payload::text), key, headers,
+       leased_until = 'infinity' AS parked
+FROM outbox_messages
+WHERE (%(after)s::uuid IS NULL OR id > %(after)s)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(key)s::text IS NULL OR key = %(key)s)
+  AND CASE %(state)s::text
+        WHEN 'pending' THEN buried_at IS NULL AND leased_until IS NULL
+                            AND due_at <= coalesce(%(now)s::timestamptz, now())
+        WHEN 'due_later' THEN buried_at IS NULL AND leased_until IS NULL
+                              AND due_at > coalesce(%(now)s::timestamptz, now())
+        WHEN 'in_flight' THEN buried_at IS NULL AND leased_until <> 'infinity'
+        WHEN 'parked' THEN buried_at IS NULL AND leased_until = 'infinity'
+        WHEN 'buried' THEN buried_at IS NOT NULL
+        ELSE true
+      END
+ORDER BY id
+LIMIT %(limit)s;
 
 -- buried_list --
 -- Buried messages, newest first, optionally of one topic and buried within
 -- %(within)s of the database's time. Payloads stay in the table: only their
 -- size is read, so listing large buried messages costs what their ids cost.
 SELECT id, topic, '' AS payload, created_at, attempts,
-       due_at, leased_until, last_error, buried_at, requeues, requeued_at,
-       octet_length(payload::text) AS size
+       due_at, nullif(leased_until, 'infinity') AS leased_until, last_error, buried_at, requeues,
+       requeued_at, octet_length(payload::text) AS size, key, headers,
+       leased_until = 'infinity' AS parked
 FROM outbox_messages
 WHERE buried_at IS NOT NULL
   AND (%(topic)s::text IS NULL OR topic = %(topic)s)

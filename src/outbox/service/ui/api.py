@@ -26,10 +26,11 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
 from outbox.durations import parse_duration
-from outbox.errors import NotFound, OutboxError, StoreUnavailable
+from outbox.errors import NotFound, OutboxError, QueryTooBroad, StoreUnavailable
 from outbox.message import validate_topic
+from outbox.requests import MESSAGE_STATES
 from outbox.service.ui.tokens import ANONYMOUS, Identity, TokenFile
-from outbox.store import BuriedFilter, Store
+from outbox.store import BuriedFilter, Store, StoredMessage
 
 __all__ = ["MAX_BODY", "MAX_IDS", "MAX_LIMIT", "Console"]
 
@@ -44,6 +45,8 @@ MAX_LIMIT = 500
 """Largest page a read returns."""
 MAX_ERROR_TEXT = 200
 """Longest error text a filter searches for."""
+MAX_KEY = 1_000
+"""Longest key a listing selects by."""
 COUNT_AGE = dt.timedelta(minutes=1)
 """The relays' backlog count is read while younger than this; older, it is counted again."""
 
@@ -81,6 +84,8 @@ class Console:
         app.router.add_get("/api/v1/topics", self._topics)
         app.router.add_get("/api/v1/relays", self._relays)
         app.router.add_get("/api/v1/keys/blocked", self._keys_blocked)
+        app.router.add_get("/api/v1/messages", self._messages)
+        app.router.add_get("/api/v1/messages/{id}", self._message)
         app.router.add_post("/api/v1/buried/requeue", self._requeue)
         app.router.add_post("/api/v1/buried/purge", self._purge)
         return app
@@ -197,6 +202,57 @@ class Console:
         ]
         return web.json_response(out)
 
+    async def _messages(self, request: web.Request) -> web.Response:
+        """A page of messages in the order of their ids; ``next`` reads on."""
+        identity = self._caller(request)
+        q = request.query
+        topic = q.get("topic")
+        if topic is not None:
+            _topic(topic)
+        state = q.get("state")
+        if state is not None and state not in MESSAGE_STATES:
+            raise _Refused(400, f"state must be one of {', '.join(MESSAGE_STATES)}")
+        key = q.get("key")
+        if key is not None and not 0 < len(key) <= MAX_KEY:
+            raise _Refused(400, f"key must be 1 to {MAX_KEY} characters")
+        after = None if q.get("after") is None else _id(q["after"], "after")
+        limit = _limit(q.get("limit"))
+        try:
+            page = await self.store.list_messages(
+                state=state, topic=topic, key=key, after=after, limit=limit
+            )
+        except QueryTooBroad as exc:
+            raise _Refused(422, str(exc).removeprefix("outbox: ")) from None
+        now = dt.datetime.now(dt.UTC)
+        messages = [_described(s, now, identity) for s in page]
+        more = len(page) == limit
+        return web.json_response(
+            {"messages": messages, "next": str(page[-1].message.id) if more else None}
+        )
+
+    async def _message(self, request: web.Request) -> web.Response:
+        """One message; its payload only for an operator who asks (``payload=1``),
+        each reveal audit-logged (payloads hold one-time codes)."""
+        identity = self._caller(request)
+        wanted = _id(request.match_info["id"], "the message id")
+        reveal = request.query.get("payload") == "1"
+        if reveal and not identity.operates:
+            raise _Refused(403, f"{identity.name} is a viewer: payloads need the operator role")
+        stored = await self.store.get(wanted)
+        out = _described(stored, dt.datetime.now(dt.UTC), identity)
+        out["size"] = len(stored.message.payload)
+        if reveal:
+            out["payload"] = stored.message.payload.decode("utf-8", "replace")
+            self.actions.labels("reveal").inc()
+            audit.info(
+                "%s (%s) reveal: topic=%s message=%s",
+                identity.name,
+                identity.role.value,
+                stored.message.topic,
+                stored.message.id,
+            )
+        return web.json_response(out)
+
     # -- changes ----------------------------------------------------------------------
 
     async def _requeue(self, request: web.Request) -> web.Response:
@@ -242,6 +298,37 @@ class Console:
             done,
         )
         return web.json_response({"count": done})
+
+
+def _described(stored: StoredMessage, now: dt.datetime, identity: Identity) -> dict[str, Any]:
+    """A message as the API shows it: never its payload; header values only to
+    an operator (a viewer sees their names)."""
+    m = stored.message
+    headers: dict[str, str | None] = (
+        dict(m.headers) if identity.operates else dict.fromkeys(m.headers)
+    )
+    return {
+        "id": str(m.id),
+        "topic": m.topic,
+        "key": m.key,
+        "state": stored.state(now),
+        "attempts": m.attempts,
+        "created_at": _iso(m.created_at),
+        "due_at": _iso(stored.due_at),
+        "leased_until": _iso(stored.leased_until),
+        "buried_at": _iso(stored.buried_at),
+        "last_error": stored.last_error,
+        "requeues": stored.requeues,
+        "headers": headers,
+        "size": stored.size,
+    }
+
+
+def _id(text: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise _Refused(400, f"{what} must be a message id (a UUID)") from None
 
 
 def _error(status: int, message: str) -> web.Response:
