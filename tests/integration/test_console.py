@@ -242,3 +242,30 @@ async def test_messages_page_by_id_and_only_an_operator_sees_a_payload_once_audi
     [line] = [r.getMessage() for r in caplog.records if r.name == "outbox.ui.audit"]
     assert line == f"olu (operator) reveal: topic=mail.login_link message={msgs[0].id}"
     assert (await console.get(f"/api/v1/messages/{uuid.uuid4()}", VIEWER))[0] == 404
+
+
+async def test_a_topic_is_paused_here_unless_an_outboxtopic_governs_it(
+    console: Client, pg_store: PostgresStore
+) -> None:
+    from outbox.store import TopicSettings
+
+    assert (await console.post("/api/v1/topics/mail.welcome/pause", {}, VIEWER))[0] == 403
+    status, paused = await console.post("/api/v1/topics/mail.welcome/pause", {}, OPERATOR)
+    assert (status, paused) == (200, {"topic": "mail.welcome", "paused": True, "override": False})
+    [welcome] = [
+        t for t in (await console.get("/api/v1/topics", VIEWER))[1] if t["topic"] == "mail.welcome"
+    ]
+    assert welcome["paused"] is True
+
+    await pg_store.set_topic(TopicSettings("hook.order", source="kubernetes:shop/orders"))
+    status, refused = await console.post("/api/v1/topics/hook.order/pause", {}, OPERATOR)
+    assert status == 409
+    assert "kubectl -n shop patch outboxtopic orders --type merge" in refused["error"]
+    assert (await pg_store.topics())["hook.order"].enabled is True
+    status, forced = await console.post("/api/v1/topics/hook.order/pause?force=1", {}, OPERATOR)
+    assert (status, forced["override"]) == (200, True)
+    entry = (await pg_store.topics())["hook.order"]
+    assert (entry.enabled, entry.source) == (False, "cli")
+    status, _ = await console.post("/api/v1/topics/mail.welcome/resume", {}, OPERATOR)
+    assert status == 200
+    assert (await pg_store.topics())["mail.welcome"].enabled is True

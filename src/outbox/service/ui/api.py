@@ -30,7 +30,7 @@ from outbox.errors import NotFound, OutboxError, QueryTooBroad, StoreUnavailable
 from outbox.message import validate_topic
 from outbox.requests import MESSAGE_STATES
 from outbox.service.ui.tokens import ANONYMOUS, Identity, TokenFile
-from outbox.store import BuriedFilter, Store, StoredMessage
+from outbox.store import BuriedFilter, Store, StoredMessage, TopicSettings
 
 __all__ = ["MAX_BODY", "MAX_IDS", "MAX_LIMIT", "Console"]
 
@@ -88,6 +88,8 @@ class Console:
         app.router.add_get("/api/v1/messages/{id}", self._message)
         app.router.add_post("/api/v1/buried/requeue", self._requeue)
         app.router.add_post("/api/v1/buried/purge", self._purge)
+        app.router.add_post("/api/v1/topics/{topic}/pause", self._pause)
+        app.router.add_post("/api/v1/topics/{topic}/resume", self._resume)
         return app
 
     # -- what every request goes through ------------------------------------------
@@ -260,6 +262,46 @@ class Console:
 
     async def _purge(self, request: web.Request) -> web.Response:
         return await self._buried_action(request, "purge")
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        return await self._enable(request, enabled=False)
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        return await self._enable(request, enabled=True)
+
+    async def _enable(self, request: web.Request, *, enabled: bool) -> web.Response:
+        """Pause or resume a topic, as `outbox topics pause|resume` does. A topic an
+        OutboxTopic governs is the resource's (GitOps owns it): 409 naming it
+        and the `kubectl patch` that does it there, unless ``?force=1``, which
+        writes an operator's override (``outbox topics delete`` releases it)."""
+        identity = self._operator(request)
+        topic = _topic(request.match_info["topic"])
+        action = "resume" if enabled else "pause"
+        current = (await self.store.topics()).get(topic) or TopicSettings(topic)
+        source = current.source or ""
+        force = request.query.get("force") == "1"
+        if source.startswith("kubernetes:") and not force:
+            namespace, _, name = source.removeprefix("kubernetes:").partition("/")
+            patch = json.dumps({"spec": {"enabled": enabled}})
+            raise _Refused(
+                409,
+                f"{topic} is governed by OutboxTopic {namespace}/{name}: {action} it there, "
+                f"`kubectl -n {namespace} patch outboxtopic {name} --type merge -p '{patch}'`, "
+                "or force an operator's override (?force=1; outbox topics delete releases it)",
+            )
+        entry = dataclasses.replace(current, enabled=enabled, source="cli", reroute=True)
+        await self.store.set_topic(entry)
+        self.actions.labels(action).inc()
+        audit.info(
+            "%s (%s) %s: topic=%s%s",
+            identity.name,
+            identity.role.value,
+            action,
+            topic,
+            " (an override of its OutboxTopic)" if source.startswith("kubernetes:") else "",
+        )
+        governed = source.startswith("kubernetes:")
+        return web.json_response({"topic": topic, "paused": not enabled, "override": governed})
 
     async def _buried_action(self, request: web.Request, action: str) -> web.Response:
         """A requeue or purge of what a filter selects: the dry run counts (and says
