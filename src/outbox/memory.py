@@ -28,12 +28,12 @@ from outbox.requests import (
     BuriedFilter,
     Claimed,
     ClaimRequest,
+    MessageQuery,
     Orphans,
     Outcome,
     Settled,
     Sorted,
     buried_selection,
-    check_listing,
 )
 from outbox.store import (
     SWEEP_BATCH,
@@ -335,24 +335,14 @@ class MemoryStore:
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return self._row(message_id).state()
 
-    async def list_messages(
-        self,
-        *,
-        state: str | None = None,
-        topic: str | None = None,
-        key: str | None = None,
-        after: uuid.UUID | None = None,
-        limit: int = 100,
-        now: dt.datetime | None = None,
-    ) -> list[StoredMessage]:
-        check_listing(state, limit)
-        now = now or self.clock()
+    async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
+        now = query.now or self.clock()
         listed = []
         for r in sorted(self._rows.values(), key=lambda r: r.message.id):
             m = r.message
-            if after is not None and m.id <= after:
+            if query.after is not None and m.id <= query.after:
                 continue
-            if (topic is not None and m.topic != topic) or (key is not None and m.key != key):
+            if query.topic not in (None, m.topic) or query.key not in (None, m.key):
                 continue
             waiting = r.buried_at is None and r.leased_until is None
             parked = waiting and m.key is not None and not self._keys.heads(r, now)
@@ -360,9 +350,9 @@ class MemoryStore:
                 r.state(), message=dataclasses.replace(m, payload=b""), size=len(m.payload)
             )
             stored = dataclasses.replace(stored, parked=parked)
-            if state is None or stored.state(now) == state:
+            if query.state in (None, stored.state(now)):
                 listed.append(stored)
-                if len(listed) == limit:
+                if len(listed) == query.limit:
                     break
         return listed
 

@@ -26,6 +26,7 @@ __all__ = [
     "BuriedFilter",
     "ClaimRequest",
     "Claimed",
+    "MessageQuery",
     "Orphans",
     "Outcome",
     "Released",
@@ -33,7 +34,6 @@ __all__ = [
     "Settled",
     "buried_selection",
     "check_claim",
-    "check_listing",
 ]
 
 
@@ -284,10 +284,23 @@ MAX_LISTING = 500
 """The largest page a listing of messages returns."""
 
 
-def check_listing(state: str | None, limit: int) -> None:
-    """ValueError unless ``state`` is one of MESSAGE_STATES (or None) and
-    ``limit`` from 1 to MAX_LISTING."""
-    if state is not None and state not in MESSAGE_STATES:
-        raise ValueError(f"state must be one of {', '.join(MESSAGE_STATES)}")
-    if not 1 <= limit <= MAX_LISTING:
-        raise ValueError(f"limit must be from 1 to {MAX_LISTING}")
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MessageQuery:
+    """A page of an operator's listing of messages (Store.list_messages): of
+    ``state`` (one of MESSAGE_STATES), ``topic`` and ``key`` (None: any), in
+    the order of their ids after ``after`` (the last id of the page before),
+    at most ``limit``. ``now``: a test's clock (states are the store's time).
+    ValueError for a state or limit out of range."""
+
+    state: str | None = None
+    topic: str | None = None
+    key: str | None = None
+    after: uuid.UUID | None = None
+    limit: int = 100
+    now: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in MESSAGE_STATES:
+            raise ValueError(f"state must be one of {', '.join(MESSAGE_STATES)}")
+        if not 1 <= self.limit <= MAX_LISTING:
+            raise ValueError(f"limit must be from 1 to {MAX_LISTING}")

@@ -34,6 +34,7 @@ from outbox.requests import (
     BuriedFilter,
     Claimed,
     ClaimRequest,
+    MessageQuery,
     Orphans,
     Outcome,
     Released,
@@ -60,6 +61,7 @@ __all__ = [
     "BuriedFilter",
     "ClaimRequest",
     "Claimed",
+    "MessageQuery",
     "Operator",
     "Orphans",
     "Outcome",
@@ -276,22 +278,10 @@ class Operator(Protocol):
         """Return a message with its delivery state. Raises NotFound if it is not there."""
         ...
 
-    async def list_messages(
-        self,
-        *,
-        state: str | None = None,
-        topic: str | None = None,
-        key: str | None = None,
-        after: uuid.UUID | None = None,
-        limit: int = 100,
-        now: dt.datetime | None = None,
-    ) -> list[StoredMessage]:
-        """Up to ``limit`` (at most 500) messages in the order of their ids, after
-        ``after`` (the last id of the page before), of ``state`` (one of
-        MESSAGE_STATES), ``topic`` and ``key`` (None: any). Payloads are not
-        read (``size`` says how large each is). A listing that reads too long
-        without filling its page raises QueryTooBroad; a bad state or limit,
-        ValueError."""
+    async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
+        """The page of messages ``query`` asks for, in the order of their ids.
+        Payloads are not read (``size`` says how large each is). A listing
+        that reads too long without filling its page raises QueryTooBroad."""
         ...
 
     async def list_buried(

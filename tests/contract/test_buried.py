@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from outbox import Message, Store, new_message
-from outbox.store import BuriedCount, BuriedFilter
+from outbox.store import BuriedCount, BuriedFilter, MessageQuery
 from tests.clock import T0
 
 LEASE = dt.timedelta(minutes=2)
@@ -215,7 +215,7 @@ async def test_a_listing_pages_through_messages_by_state_topic_and_key(store: St
         await store.add(tx, due, later, kept)
     await store.bury(kept.id, "550", at=T0)
 
-    listed = await store.list_messages(now=T0)
+    listed = await store.list_messages(MessageQuery(now=T0))
     assert {s.message.id: s.state(T0) for s in listed} == {
         head.id: "in_flight",
         follower.id: "parked",
@@ -229,15 +229,15 @@ async def test_a_listing_pages_through_messages_by_state_topic_and_key(store: St
     assert [s.message.key for s in listed if s.message.topic == "hook.order"] == ["order-1"] * 2
 
     for state, wanted in (("pending", due), ("parked", follower), ("buried", kept)):
-        [only] = await store.list_messages(state=state, now=T0)
+        [only] = await store.list_messages(MessageQuery(state=state, now=T0))
         assert only.message.id == wanted.id, state
-    assert len(await store.list_messages(key="order-1", now=T0)) == 2
-    assert len(await store.list_messages(topic="mail.a", now=T0)) == 2
+    assert len(await store.list_messages(MessageQuery(key="order-1", now=T0))) == 2
+    assert len(await store.list_messages(MessageQuery(topic="mail.a", now=T0))) == 2
 
-    first = await store.list_messages(limit=2, now=T0)
-    rest = await store.list_messages(after=first[-1].message.id, limit=500, now=T0)
+    first = await store.list_messages(MessageQuery(limit=2, now=T0))
+    rest = await store.list_messages(MessageQuery(after=first[-1].message.id, limit=500, now=T0))
     assert [s.message.id for s in first + rest] == [s.message.id for s in listed]
     with pytest.raises(ValueError, match="state must be one of"):
-        await store.list_messages(state="sleeping")
+        await store.list_messages(MessageQuery(state="sleeping"))
     with pytest.raises(ValueError, match="limit"):
-        await store.list_messages(limit=501)
+        await store.list_messages(MessageQuery(limit=501))

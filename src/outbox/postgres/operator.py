@@ -7,6 +7,7 @@ holds and offers, running its statements through the store's Statements.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from outbox.errors import NotFound, QueryTooBroad
 from outbox.message import Message, validate_topic
 from outbox.postgres.queries import QUERIES
 from outbox.postgres.statements import Statements
-from outbox.requests import BuriedCount, BuriedFilter, buried_selection, check_listing
+from outbox.requests import BuriedCount, BuriedFilter, MessageQuery, buried_selection
 from outbox.store import (
     BLOCKED_SCAN,
     SWEEP_BATCH,
@@ -73,19 +74,8 @@ class OperatorQueries:
             raise NotFound(message_id)
         return _stored(rows[0])
 
-    async def list_messages(
-        self,
-        *,
-        state: str | None = None,
-        topic: str | None = None,
-        key: str | None = None,
-        after: uuid.UUID | None = None,
-        limit: int = 100,
-        now: dt.datetime | None = None,
-    ) -> list[StoredMessage]:
-        check_listing(state, limit)
-        params: dict[str, Any] = {"state": state, "topic": topic, "key": key, "after": after}
-        params |= {"limit": limit, "now": now}
+    async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
+        params = dataclasses.asdict(query)
         async with (
             self.statements.translated(),
             self.statements.pool.connection() as conn,

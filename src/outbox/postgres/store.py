@@ -40,6 +40,7 @@ from outbox.requests import (
     BuriedFilter,
     Claimed,
     ClaimRequest,
+    MessageQuery,
     Orphans,
     Outcome,
     Released,
@@ -434,19 +435,8 @@ class PostgresStore:
     async def get(self, message_id: uuid.UUID) -> StoredMessage:
         return await self.operator.get(message_id)
 
-    async def list_messages(
-        self,
-        *,
-        state: str | None = None,
-        topic: str | None = None,
-        key: str | None = None,
-        after: uuid.UUID | None = None,
-        limit: int = 100,
-        now: dt.datetime | None = None,
-    ) -> list[StoredMessage]:
-        return await self.operator.list_messages(
-            state=state, topic=topic, key=key, after=after, limit=limit, now=now
-        )
+    async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
+        return await self.operator.list_messages(query)
 
     async def list_buried(
         self,

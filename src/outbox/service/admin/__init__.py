@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from outbox.service.admin.buried import list_buried, purge, requeue, show
 from outbox.service.admin.output import Refused, as_json, confirm, table
-from outbox.service.admin.relays import relays_list, serving_relays
+from outbox.service.admin.relays import relay_record, relays_list, serving_relays
 from outbox.service.admin.topics import DEFAULT, checked, governed, topics_list, topics_set
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "governed",
     "list_buried",
     "purge",
+    "relay_record",
     "relays_list",
     "requeue",
     "serving_relays",

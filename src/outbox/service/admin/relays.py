@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from outbox.service.admin.output import iso, print_json, table, when
 from outbox.store import Operator, RelayInfo
 
-__all__ = ["relays_list", "serving_relays"]
+__all__ = ["relay_record", "relays_list", "serving_relays"]
 
 
 def serving_relays(relays: Sequence[RelayInfo]) -> dict[str, int]:
@@ -21,25 +21,27 @@ def serving_relays(relays: Sequence[RelayInfo]) -> dict[str, int]:
     return counts
 
 
+def relay_record(r: RelayInfo) -> dict[str, Any]:
+    """A relay as `outbox relays --output json` and the console show it."""
+    return {
+        "id": str(r.id),
+        "host": r.host,
+        "pid": r.pid,
+        "version": r.version,
+        "topics": list(r.topics),
+        "kinds": list(r.kinds),
+        "handlers": list(r.handlers),
+        "started_at": iso(r.started_at),
+        "seen_at": iso(r.seen_at),
+    }
+
+
 async def relays_list(store: Operator, *, output: str, out: TextIO | None = None) -> None:
     """The live relays and what each serves, so disagreements between them show."""
     out = out or sys.stdout  # the stream of now, not of import time
     found = await store.relays()
     if output == "json":
-        rows_json = [
-            {
-                "id": str(r.id),
-                "host": r.host,
-                "pid": r.pid,
-                "version": r.version,
-                "topics": list(r.topics),
-                "kinds": list(r.kinds),
-                "started_at": iso(r.started_at),
-                "seen_at": iso(r.seen_at),
-            }
-            for r in found
-        ]
-        print_json(rows_json, out)
+        print_json([relay_record(r) for r in found], out)
         return
     if not found:
         out.write("no live relays\n")

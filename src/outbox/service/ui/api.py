@@ -28,7 +28,8 @@ from prometheus_client.exposition import choose_encoder
 from outbox.durations import parse_duration
 from outbox.errors import NotFound, OutboxError, QueryTooBroad, StoreUnavailable
 from outbox.message import validate_topic
-from outbox.requests import MESSAGE_STATES
+from outbox.requests import MESSAGE_STATES, MessageQuery
+from outbox.service.admin.relays import relay_record
 from outbox.service.ui.tokens import ANONYMOUS, Identity, TokenFile
 from outbox.store import BuriedFilter, Store, StoredMessage, TopicSettings
 
@@ -167,20 +168,7 @@ class Console:
 
     async def _relays(self, request: web.Request) -> web.Response:
         self._caller(request)
-        out = [
-            {
-                "id": str(r.id),
-                "host": r.host,
-                "pid": r.pid,
-                "version": r.version,
-                "topics": list(r.topics),
-                "kinds": list(r.kinds),
-                "handlers": list(r.handlers),
-                "started_at": _iso(r.started_at),
-                "seen_at": _iso(r.seen_at),
-            }
-            for r in await self.store.relays()
-        ]
+        out = [relay_record(r) for r in await self.store.relays()]
         return web.json_response(out)
 
     async def _keys_blocked(self, request: web.Request) -> web.Response:
@@ -221,7 +209,7 @@ class Console:
         limit = _limit(q.get("limit"))
         try:
             page = await self.store.list_messages(
-                state=state, topic=topic, key=key, after=after, limit=limit
+                MessageQuery(state=state, topic=topic, key=key, after=after, limit=limit)
             )
         except QueryTooBroad as exc:
             raise _Refused(422, str(exc).removeprefix("outbox: ")) from None
