@@ -19,11 +19,20 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from outbox import Message, new_message
-from outbox.postgres import PostgresStore
+from outbox.postgres import PostgresStore, connect_pool
 from outbox.service.ui import Console, TokenFile
 from outbox.service.ui.api import MAX_BODY, MAX_IDS
 from tests.clock import T0
-from tests.integration.process import REPO, free_port, outbox_env, run_outbox, wait_until
+from tests.integration import recording
+from tests.integration.process import (
+    REPO,
+    RelayProcess,
+    count,
+    free_port,
+    outbox_env,
+    run_outbox,
+    wait_until,
+)
 
 VIEWER = "viewer-token-0123456789"
 OPERATOR = "operator-token-0123456789"
@@ -269,3 +278,45 @@ async def test_a_topic_is_paused_here_unless_an_outboxtopic_governs_it(
     status, _ = await console.post("/api/v1/topics/mail.welcome/resume", {}, OPERATOR)
     assert status == 200
     assert (await pg_store.topics())["mail.welcome"].enabled is True
+
+
+async def test_a_bulk_requeue_of_keys_buried_messages_is_delivered_by_a_relay_in_key_order(
+    db: str, relays: list[RelayProcess], tmp_path: Path
+) -> None:
+    """From the operator's requeue through the API to a real `outbox relay`:
+    every key's requeued messages start in their order."""
+    record = tmp_path / "starts"
+    msgs = [
+        new_message(recording.KEYED, {"n": n}, T0, key=f"order-{k}")
+        for n in range(5)
+        for k in range(3)
+    ]
+    async with connect_pool(db, max_size=2) as pool:
+        store = PostgresStore(pool)
+        async with store.begin() as tx:
+            await store.add(tx, *msgs)
+        for m in msgs:  # a receiver outage buried them all
+            await store.bury(m.id, "receiver down: connection refused", at=T0)
+        app = Console(store, TokenFile(tokens_file(tmp_path / "tokens"))).app()
+        async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as s:
+            console = Client(s, str(server.make_url("")).rstrip("/"))
+            body = {"filter": {"topic": recording.KEYED, "error_contains": "CONNECTION REFUSED"}}
+            status, done = await console.post("/api/v1/buried/requeue", body, OPERATOR)
+    assert (status, done) == (200, {"count": 15})
+
+    relay = RelayProcess(
+        tmp_path,
+        OUTBOX_DATABASE_URL=db,
+        OUTBOX_HANDLERS="tests.integration.recording:keyed_handlers",
+        OUTBOX_INTERVAL="100ms",
+        RECORDING_FILE=str(record),
+    )
+    relays.append(relay)
+    wait_until(
+        "every message delivered", lambda: count(db, "SELECT count(*) FROM outbox_messages") == 0
+    )
+    starts = [line.split() for line in record.read_text().splitlines()]
+    for k in range(3):
+        ns = [int(n) for key, n, *_ in starts if key == f"order-{k}"]
+        firsts = list(dict.fromkeys(ns))  # a retried start repeats its n
+        assert firsts == [0, 1, 2, 3, 4], f"order-{k}: {ns}"
