@@ -18,6 +18,7 @@ __all__ = [
     "MigrationRefused",
     "NotFound",
     "NotInTransaction",
+    "NotPermitted",
     "OutboxError",
     "PayloadMismatch",
     "Permanent",
@@ -152,6 +153,11 @@ class StoreError(OutboxError):
 
     Its message is the server's first line, which never quotes a password.
     """
+
+
+class NotPermitted(StoreError):
+    """The database role may not do what a statement asked (a missing grant):
+    a read-only operator console's change, say."""
 
 
 class QueryTooBroad(StoreError):

@@ -31,7 +31,7 @@ class Roles:
         tag = uuid.uuid4().hex[:8]
         self.names = {
             k: f"t_{k}_{tag}"
-            for k in ("owner", "relay", "app", "squatter", "operator", "controller")
+            for k in ("owner", "relay", "app", "squatter", "operator", "controller", "console")
         }
         self.schema = f"t_roles_{tag}"
         with psycopg.connect(postgres_url, autocommit=True) as conn:
@@ -305,3 +305,48 @@ def test_a_relay_that_may_not_truncate_says_so_once_and_delivers_on(
 
 
 _LEFT = "SELECT count(*) FROM outbox_messages"
+
+
+async def test_a_read_only_console_reads_everything_and_refuses_changes_with_the_reason(
+    roles: Roles, tmp_path: Path
+) -> None:
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from outbox.service.ui import Console, TokenFile
+
+    assert run_outbox("migrate", OUTBOX_DATABASE_URL=roles.url("owner")).returncode == 0
+    grants = run_outbox(
+        "migrate", "--grants", f"console={roles.names['console']}", "--schema", roles.schema
+    )
+    assert grants.returncode == 0, grants.stderr
+    with psycopg.connect(roles.url("owner"), autocommit=True) as owner:
+        owner.execute(grants.stdout.encode())
+        with owner.transaction():
+            add_sync(owner, new_message("orders.placed", {"n": 1}))
+        owner.execute("UPDATE outbox_messages SET buried_at = now(), last_error = 'boom'")
+    tokens = tmp_path / "tokens"
+    tokens.write_text("olu operator operator-token-0123456789\n")
+    auth = {"Authorization": "Bearer operator-token-0123456789"}
+
+    async with connect_pool(roles.url("console"), max_size=2) as pool:
+        app = Console(PostgresStore(pool), TokenFile(tokens)).app()
+        async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as s:
+            base = str(server.make_url("")).rstrip("/")
+            async with s.get(f"{base}/api/v1/topics", headers=auth) as r:
+                assert r.status == 200
+                assert [t["buried"] for t in await r.json()] == [1]
+            async with s.get(f"{base}/api/v1/messages?state=buried", headers=auth) as r:
+                assert (r.status, len((await r.json())["messages"])) == (200, 1)
+            body = {"filter": {"all": True}}
+            async with s.post(f"{base}/api/v1/buried/requeue", json=body, headers=auth) as r:
+                refused = await r.json()
+                assert r.status == 403
+            assert "--grants operator=ROLE" in refused["error"]
+            assert "permission denied" in refused["error"]
+    assert (
+        count(
+            roles.url("owner"), "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL"
+        )
+        == 1
+    )

@@ -44,7 +44,7 @@ def test_the_documented_grants_are_what_migrate_prints() -> None:
     printed = subprocess.run(
         [sys.executable, "-m", "outbox.service.cli", "migrate", "--grants",
          "relay=outbox_relay", "producer=app", "controller=outbox_controller",
-         "operator=outbox_operator", "--schema", "outbox"],
+         "operator=outbox_operator", "console=outbox_console", "--schema", "outbox"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert block[1].strip() == printed.strip(), "paste `outbox migrate --grants ...` into it"

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import psycopg
 
-from outbox.errors import OutboxError, SchemaMissing, StoreError, StoreUnavailable, first_line
+from outbox.errors import (
+    NotPermitted,
+    OutboxError,
+    SchemaMissing,
+    StoreError,
+    StoreUnavailable,
+    first_line,
+)
 
 __all__ = ["SCHEMA_MISSING", "translate", "translated"]
 
@@ -34,6 +41,8 @@ def translate(exc: psycopg.Error) -> OutboxError:
         found = StoreUnavailable(f"outbox: database unavailable: {line}")
     elif isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         found = SchemaMissing(SCHEMA_MISSING)
+    elif isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        found = NotPermitted(f"database error: {line}")
     else:
         found = StoreError(f"database error: {line}")
     found.__cause__ = exc

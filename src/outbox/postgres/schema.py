@@ -377,7 +377,16 @@ GRANTS: dict[str, dict[str, str]] = {
         "outbox_relays": "SELECT",
         "outbox_backlog": "SELECT, INSERT, UPDATE",
     },
-    # `outbox buried`, `outbox topics`, `outbox relays`.
+    # `outbox ui` read-only: every read, and the shared backlog count it may
+    # take when the relays' is stale; an operating console is an operator.
+    "console": {
+        "outbox_messages": "SELECT",
+        "outbox_topics": "SELECT",
+        "outbox_schema_migrations": "SELECT",
+        "outbox_relays": "SELECT",
+        "outbox_backlog": "SELECT, INSERT, UPDATE",
+    },
+    # `outbox buried`, `outbox topics`, `outbox relays`; an operating `outbox ui`.
     "operator": {
         "outbox_messages": "SELECT, UPDATE, DELETE",
         "outbox_topics": "SELECT, INSERT, UPDATE, DELETE",

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 
 from outbox.durations import parse_duration
-from outbox.errors import NotFound, OutboxError, QueryTooBroad, StoreUnavailable
+from outbox.errors import NotFound, NotPermitted, OutboxError, QueryTooBroad, StoreUnavailable
 from outbox.message import validate_topic
 from outbox.requests import MESSAGE_STATES, MessageQuery
 from outbox.service.admin.relays import relay_record
@@ -110,6 +110,12 @@ class Console:
             raise
         except NotFound as exc:
             return _error(404, str(exc))
+        except NotPermitted as exc:
+            return _error(
+                403,
+                "the console's database role may not do this (a read-only console: give it "
+                f"the operator grants, `outbox migrate --grants operator=ROLE`): {exc}",
+            )
         except StoreUnavailable as exc:
             return _error(503, str(exc).removeprefix("outbox: "))
         except OutboxError as exc:
