@@ -437,18 +437,21 @@ class MemoryStore:
             entry[1] = b.since if entry[1] is None else min(entry[1], b.since)
         stats: dict[str, list[Any]] = {}
         for r in self._rows.values():
-            entry = stats.setdefault(r.message.topic, [0, 0, None])
+            entry = stats.setdefault(r.message.topic, [0, 0, None, 0])
             if r.buried_at is not None:
                 entry[1] += 1
                 continue
             entry[0] += 1
+            entry[3] += r.leased_until is not None
             if entry[2] is None or r.message.created_at < entry[2]:
                 entry[2] = r.message.created_at
         out = []
         for topic in sorted(stats):
-            pending, buried, oldest = stats[topic]
+            pending, buried, oldest, flying = stats[topic]
             n, since = keys.get(topic, (0, None)) if blocked else (None, None)
-            out.append(TopicStats(topic, pending, buried, oldest, n, since))
+            out.append(
+                TopicStats(topic, pending, buried, oldest, n, since, flying if blocked else None)
+            )
         return out
 
     async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:

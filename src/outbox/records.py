@@ -92,6 +92,10 @@ class TopicStats:
     None: not measured (a count taken without the key columns)."""
     oldest_blocked: dt.datetime | None = None
     """When the longest of those blocks began."""
+    in_flight: int | None = None
+    """Of ``pending``, those a lease holds (an orphan's lease has ended); None:
+    not measured (a count taken without the lease column, an earlier
+    release's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -76,3 +76,14 @@ async def test_blocked_keys_are_counted_with_the_oldest_blocks_age(store: Store[
 
     assert gauge("outbox_blocked_keys") == 1
     assert gauge("outbox_oldest_blocked_key_age_seconds") == 420
+
+
+async def test_the_count_says_how_many_a_lease_holds(store: Store[Any]) -> None:
+    msgs = [new_message("mail.c", {"n": n}, T0) for n in range(3)]
+    async with store.begin() as tx:
+        await store.add(tx, *msgs)
+    await store.claim(T0, dt.timedelta(minutes=1), 2)
+
+    [stats] = await store.topic_stats()
+
+    assert (stats.pending, stats.in_flight) == (3, 2)

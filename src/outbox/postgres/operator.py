@@ -233,8 +233,9 @@ def _backlog_entry(
     oldest: str | None,
     blocked: int | None = None,  # absent from an older release's measurement
     since: str | None = None,
+    in_flight: int | None = None,  # the same
 ) -> TopicStats:
-    return TopicStats(topic, pending, buried, _instant(oldest), blocked, _instant(since))
+    return TopicStats(topic, pending, buried, _instant(oldest), blocked, _instant(since), in_flight)
 
 
 def _instant(text: str | None) -> dt.datetime | None:

@@ -706,11 +706,14 @@ SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 -- from at most %(scan)s parked rows) and the oldest block's start. What a
 -- relay measures; the controller's grant reads none of the key columns, so it
 -- measures with backlog_measure and takes these from a relay's measurement.
+-- Also the messages in flight (leased, not parked), last in each entry.
 WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
+           count(*) FILTER (WHERE buried_at IS NULL AND leased_until <> 'infinity')
+               AS in_flight
     FROM outbox_messages
     GROUP BY topic
 ),
@@ -739,7 +742,7 @@ blocked AS MATERIALIZED (
 ),
 joined AS MATERIALIZED (
     SELECT s.topic, s.pending, s.buried, s.oldest_pending,
-           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked
+           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked, s.in_flight
     FROM stats AS s
     LEFT JOIN blocked AS b ON b.topic = s.topic
 ),
@@ -747,13 +750,13 @@ kept AS (
     INSERT INTO outbox_backlog (id, measured_at, stats)
     SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending,
-                                                blocked_keys, oldest_blocked)
+                                                blocked_keys, oldest_blocked, in_flight)
                               ORDER BY topic), '[]')
     FROM joined
     HAVING %(keep)s
     ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
 )
-SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked
+SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked, in_flight
 FROM joined ORDER BY topic;
 
 -- topic_list --

@@ -160,7 +160,7 @@ class Console:
                 {
                     "topic": topic,
                     "pending": s.pending if s else 0,
-                    "in_flight": None,  # not in the relays' count yet
+                    "in_flight": s.in_flight if s else 0,
                     "buried": s.buried if s else 0,
                     "blocked_keys": s.blocked_keys if s else 0,
                     "oldest_pending_seconds": (
