@@ -47,6 +47,7 @@ _BURIED_COUNT = QUERIES["buried_count"]
 _BACKLOG_READ = QUERIES["backlog_read"]
 _BACKLOG_MEASURE = QUERIES["backlog_measure"]
 _BACKLOG_MEASURE_BLOCKED = QUERIES["backlog_measure_blocked"]
+_BACKLOG_IN_FLIGHT = QUERIES["backlog_in_flight"]
 _TOPIC_LIST = QUERIES["topic_list"]
 _STORAGE_HEALTH = QUERIES["storage_health"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
@@ -141,6 +142,16 @@ class OperatorQueries:
     async def topic_stats(
         self, *, max_age: dt.timedelta | None = None, blocked: bool = True
     ) -> list[TopicStats]:
+        counted = await self._counted(max_age=max_age, blocked=blocked)
+        if not blocked:  # the controller's grant reads no lease column
+            return counted
+        # In flight: a look into the leased index, always fresh (at most what
+        # the relays hold), never kept in the shared count, whose entries
+        # relays of earlier releases read by position.
+        flying = dict(await self.statements.fetch(_BACKLOG_IN_FLIGHT, {}))
+        return [dataclasses.replace(s, in_flight=flying.get(s.topic, 0)) for s in counted]
+
+    async def _counted(self, *, max_age: dt.timedelta | None, blocked: bool) -> list[TopicStats]:
         measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE
         params = {"scan": BLOCKED_SCAN}
         if max_age is None:
@@ -233,9 +244,8 @@ def _backlog_entry(
     oldest: str | None,
     blocked: int | None = None,  # absent from an older release's measurement
     since: str | None = None,
-    in_flight: int | None = None,  # the same
 ) -> TopicStats:
-    return TopicStats(topic, pending, buried, _instant(oldest), blocked, _instant(since), in_flight)
+    return TopicStats(topic, pending, buried, _instant(oldest), blocked, _instant(since))
 
 
 def _instant(text: str | None) -> dt.datetime | None:

@@ -706,14 +706,11 @@ SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 -- from at most %(scan)s parked rows) and the oldest block's start. What a
 -- relay measures; the controller's grant reads none of the key columns, so it
 -- measures with backlog_measure and takes these from a relay's measurement.
--- Also the messages in flight (leased, not parked), last in each entry.
 WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
-           count(*) FILTER (WHERE buried_at IS NULL AND leased_until <> 'infinity')
-               AS in_flight
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
     FROM outbox_messages
     GROUP BY topic
 ),
@@ -742,7 +739,7 @@ blocked AS MATERIALIZED (
 ),
 joined AS MATERIALIZED (
     SELECT s.topic, s.pending, s.buried, s.oldest_pending,
-           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked, s.in_flight
+           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked
     FROM stats AS s
     LEFT JOIN blocked AS b ON b.topic = s.topic
 ),
@@ -750,14 +747,22 @@ kept AS (
     INSERT INTO outbox_backlog (id, measured_at, stats)
     SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending,
-                                                blocked_keys, oldest_blocked, in_flight)
+                                                blocked_keys, oldest_blocked)
                               ORDER BY topic), '[]')
     FROM joined
     HAVING %(keep)s
     ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
 )
-SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked, in_flight
+SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked
 FROM joined ORDER BY topic;
+
+-- backlog_in_flight --
+-- Messages a lease holds (an orphan's lease has ended; a parked one is not
+-- held), per topic: read from the small index of leased rows.
+SELECT topic, count(*)
+FROM outbox_messages
+WHERE leased_until IS NOT NULL AND leased_until <> 'infinity' AND buried_at IS NULL
+GROUP BY topic;
 
 -- topic_list --
 -- The whole topic registry.
