@@ -320,3 +320,23 @@ async def test_a_bulk_requeue_of_keys_buried_messages_is_delivered_by_a_relay_in
         ns = [int(n) for key, n, *_ in starts if key == f"order-{k}"]
         firsts = list(dict.fromkeys(ns))  # a retried start repeats its n
         assert firsts == [0, 1, 2, 3, 4], f"order-{k}: {ns}"
+
+
+async def test_a_listing_that_reads_too_long_asks_for_a_narrower_filter(
+    console: Client, pg_store: PostgresStore
+) -> None:
+    async with pg_store.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO outbox_messages (id, topic, payload, created_at, due_at)"
+            " SELECT gen_random_uuid(), 'bulk.topic', '{}', now(), now()"
+            " FROM generate_series(1, 200000)"
+        )
+    pg_store.operator.list_wait = 0.001  # what 2 s is to a table a thousand times larger
+
+    status, answer = await console.get("/api/v1/messages?state=parked&key=nobody", VIEWER)
+
+    assert status == 422
+    assert "narrow the filter" in answer["error"]
+    pg_store.operator.list_wait = 2.0
+    status, _ = await console.get("/api/v1/messages?topic=bulk.topic&limit=5", VIEWER)
+    assert status == 200

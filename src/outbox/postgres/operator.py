@@ -39,7 +39,7 @@ _LIST = QUERIES["message_list"]
 LIST_WAIT = 2.0
 """Longest a listing of messages may read (seconds): a filter that matches little
 in a large outbox is refused with QueryTooBroad rather than read it all."""
-_LIST_TIMEOUT = f"SET LOCAL statement_timeout = {int(LIST_WAIT * 1000)}"
+_LIST_TIMEOUT = "SELECT set_config('statement_timeout', %(ms)s, true)"
 _BURIED_LIST = QUERIES["buried_list"]
 _BURIED_REQUEUE = QUERIES["buried_requeue"]
 _BURIED_PURGE = QUERIES["buried_purge"]
@@ -62,8 +62,10 @@ class OperatorQueries:
     """The operator's and the registry's queries, run through ``statements``
     (the PostgresStore's, which hands this object out as ``operator``)."""
 
-    def __init__(self, statements: Statements) -> None:
+    def __init__(self, statements: Statements, list_wait: float = LIST_WAIT) -> None:
         self.statements = statements
+        self.list_wait = list_wait
+        """How long a listing of messages may read (LIST_WAIT)."""
 
     async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
         params = {"topic": topic, "limit": limit, "scan": BLOCKED_SCAN}
@@ -82,12 +84,12 @@ class OperatorQueries:
             self.statements.pool.connection() as conn,
             conn.transaction(),
         ):
-            await conn.execute(_LIST_TIMEOUT)
+            await conn.execute(_LIST_TIMEOUT, {"ms": str(max(int(self.list_wait * 1000), 1))})
             try:
                 cur = await conn.execute(_LIST, params)
                 rows = await cur.fetchall()
             except psycopg.errors.QueryCanceled:
-                raise QueryTooBroad(LIST_WAIT) from None
+                raise QueryTooBroad(self.list_wait) from None
         return [_stored(r) for r in rows]
 
     async def list_buried(
