@@ -156,9 +156,9 @@ def statements(
 ) -> tuple[float, dict[str, list[float]]]:
     """Drain ``keys`` as drain() does: the drain's seconds and, per statement of
     the store, the seconds of each call."""
-    from outbox.postgres import PostgresStore
     from outbox.postgres.queries import QUERIES
     from outbox.postgres.statements import Statements
+    from outbox.postgres.writes import WriteBacks
 
     names = {id(q): name for name, q in QUERIES.items()}
     spent: dict[str, list[float]] = {}
@@ -175,9 +175,9 @@ def statements(
 
         return call
 
-    pipelined = PostgresStore._ack_and_unpark
+    pipelined = WriteBacks._ack_and_unpark
 
-    async def ack_and_unpark(self: PostgresStore, params: Any) -> Any:
+    async def ack_and_unpark(self: WriteBacks, params: Any) -> Any:
         started = time.perf_counter()
         try:
             return await pipelined(self, params)
@@ -186,12 +186,12 @@ def statements(
             spent.setdefault(name, []).append(time.perf_counter() - started)
 
     Statements.fetch, Statements.count = timed(fetch), timed(count)  # type: ignore[method-assign]
-    PostgresStore._ack_and_unpark = ack_and_unpark  # type: ignore[method-assign]
+    WriteBacks._ack_and_unpark = ack_and_unpark  # type: ignore[method-assign]
     try:
         rate = anyio.run(drain, url, keys, interval)
     finally:
         Statements.fetch, Statements.count = fetch, count  # type: ignore[method-assign]
-        PostgresStore._ack_and_unpark = pipelined  # type: ignore[method-assign]
+        WriteBacks._ack_and_unpark = pipelined  # type: ignore[method-assign]
     return len(keys) / rate, spent
 
 
