@@ -347,9 +347,11 @@ class MemoryStore:
             waiting = r.buried_at is None and r.leased_until is None
             parked = waiting and m.key is not None and not self._keys.heads(r, now)
             stored = dataclasses.replace(
-                r.state(), message=dataclasses.replace(m, payload=b""), size=len(m.payload)
+                r.state(),
+                message=dataclasses.replace(m, payload=b""),
+                size=len(m.payload),
+                parked=parked,
             )
-            stored = dataclasses.replace(stored, parked=parked)
             if query.state in (None, stored.state(now)):
                 listed.append(stored)
                 if len(listed) == query.limit:

@@ -19,6 +19,8 @@ from collections.abc import Collection, Mapping, Sequence
 from outbox.message import Message
 
 __all__ = [
+    "MAX_ERROR_TEXT",
+    "MAX_LISTING",
     "MESSAGE_STATES",
     "Acked",
     "Buried",
@@ -198,6 +200,10 @@ def check_claim(lease: dt.timedelta, limit: int) -> None:
         raise ValueError(f"outbox: lease must be positive, got {lease}")
     if limit < 1:
         raise ValueError(f"outbox: limit must be at least 1, got {limit}")
+
+
+MAX_ERROR_TEXT = 200
+"""The longest error text a selection of buried messages searches for."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from outbox.errors import ConfigError
+from outbox.requests import MAX_ERROR_TEXT
 from outbox.service import admin
 from outbox.service.cli.common import (
     DATABASE,
@@ -20,9 +21,6 @@ from outbox.service.cli.common import (
 )
 from outbox.service.settings import ServiceSettings
 from outbox.store import BuriedFilter
-
-MAX_ERROR_TEXT = 200
-"""The longest error text a selection searches for."""
 
 
 def add(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:

@@ -28,7 +28,8 @@ from prometheus_client.exposition import choose_encoder
 from outbox.durations import parse_duration
 from outbox.errors import NotFound, NotPermitted, OutboxError, QueryTooBroad, StoreUnavailable
 from outbox.message import validate_topic
-from outbox.requests import MESSAGE_STATES, MessageQuery
+from outbox.requests import MAX_ERROR_TEXT, MAX_LISTING, MESSAGE_STATES, MessageQuery
+from outbox.service.admin.output import iso
 from outbox.service.admin.relays import relay_record
 from outbox.service.ui.tokens import ANONYMOUS, Identity, TokenFile
 from outbox.store import BuriedFilter, Store, StoredMessage, TopicSettings
@@ -42,10 +43,8 @@ MAX_BODY = 64 * 1024
 """Largest request body accepted (413 beyond)."""
 MAX_IDS = 1_000
 """Most message ids one request names."""
-MAX_LIMIT = 500
+MAX_LIMIT = MAX_LISTING
 """Largest page a read returns."""
-MAX_ERROR_TEXT = 200
-"""Longest error text a filter searches for."""
 MAX_KEY = 1_000
 """Longest key a listing selects by."""
 COUNT_AGE = dt.timedelta(minutes=1)
@@ -190,7 +189,7 @@ class Console:
                 "key": k.key,
                 "head": str(k.head),
                 "buried": k.buried,
-                "since": _iso(k.since),
+                "since": iso(k.since),
                 "waiting": k.waiting,
                 "reason": k.reason,
             }
@@ -309,7 +308,7 @@ class Console:
         selection, named = _selection(body.get("filter"))
         found = await self.store.count_buried(selection)
         if dry_run:
-            answer = {"count": found.count, "as_of": _iso(found.as_of)}
+            answer = {"count": found.count, "as_of": iso(found.as_of)}
             return web.json_response(answer)
         done = 0
         if found.as_of is not None:
@@ -349,10 +348,10 @@ def _described(stored: StoredMessage, now: dt.datetime, identity: Identity) -> d
         "key": m.key,
         "state": stored.state(now),
         "attempts": m.attempts,
-        "created_at": _iso(m.created_at),
-        "due_at": _iso(stored.due_at),
-        "leased_until": _iso(stored.leased_until),
-        "buried_at": _iso(stored.buried_at),
+        "created_at": iso(m.created_at),
+        "due_at": iso(stored.due_at),
+        "leased_until": iso(stored.leased_until),
+        "buried_at": iso(stored.buried_at),
         "last_error": stored.last_error,
         "requeues": stored.requeues,
         "headers": headers,
@@ -369,10 +368,6 @@ def _id(text: str, what: str) -> uuid.UUID:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
-
-
-def _iso(at: dt.datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
 
 
 def _topic(text: object) -> str:
