@@ -344,6 +344,12 @@ class MemoryStore:
                 continue
             if query.topic not in (None, m.topic) or query.key not in (None, m.key):
                 continue
+            since = r.buried_at if query.state == "buried" else m.created_at
+            if query.older_than is not None and (since is None or since >= now - query.older_than):
+                continue
+            wanted = query.error_contains
+            if wanted is not None and wanted.lower() not in (r.last_error or "").lower():
+                continue
             waiting = r.buried_at is None and r.leased_until is None
             parked = waiting and m.key is not None and not self._keys.heads(r, now)
             stored = dataclasses.replace(
@@ -455,6 +461,10 @@ class MemoryStore:
                 TopicStats(topic, pending, buried, oldest, n, since, flying if blocked else None)
             )
         return out
+
+    async def backlog_measurement(self) -> tuple[dt.datetime, list[TopicStats]] | None:
+        # Nothing is shared between processes: every measurement is this one.
+        return self.clock(), await self.topic_stats()
 
     async def keys_blocked(self, *, topic: str | None = None, limit: int = 100) -> list[BlockedKey]:
         return self._keys.blocked(topic=topic, limit=limit)

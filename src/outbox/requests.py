@@ -304,8 +304,15 @@ class MessageQuery:
     after: uuid.UUID | None = None
     limit: int = 100
     now: dt.datetime | None = None
+    error_contains: str | None = None
+    """Its last error contains this text, in any case (as BuriedFilter's)."""
+    older_than: dt.timedelta | None = None
+    """Created longer than this ago (by the store's time); with state
+    ``buried``, buried longer than this ago, as BuriedFilter's."""
 
     def __post_init__(self) -> None:
+        if self.error_contains is not None and not 0 < len(self.error_contains) <= MAX_ERROR_TEXT:
+            raise ValueError(f"error text must be 1 to {MAX_ERROR_TEXT} characters")
         if self.state is not None and self.state not in MESSAGE_STATES:
             raise ValueError(f"state must be one of {', '.join(MESSAGE_STATES)}")
         if not 1 <= self.limit <= MAX_LISTING:

@@ -378,6 +378,12 @@ class Operator(Protocol):
 class Registry(Protocol):
     """What the controller and `outbox topics` need: the topic registry."""
 
+    async def backlog_measurement(self) -> tuple[dt.datetime, list[TopicStats]] | None:
+        """The relays' last shared backlog measurement and when it was taken
+        (``topic_stats`` with ``max_age`` keeps it), without counting anything:
+        None when none was ever kept. In-flight counts are read fresh."""
+        ...
+
     async def topics(self) -> dict[str, TopicSettings]:
         """The topic registry, by topic."""
         ...

@@ -21,7 +21,8 @@ from aiohttp.test_utils import TestServer
 from outbox import Message, new_message
 from outbox.postgres import PostgresStore, connect_pool
 from outbox.service.ui import Console, TokenFile
-from outbox.service.ui.api import MAX_BODY, MAX_IDS
+from outbox.service.ui.api import MAX_BODY
+from outbox.service.ui.inputs import MAX_IDS
 from tests.clock import T0
 from tests.integration import recording
 from tests.integration.process import (

@@ -45,6 +45,7 @@ _BURIED_REQUEUE = QUERIES["buried_requeue"]
 _BURIED_PURGE = QUERIES["buried_purge"]
 _BURIED_COUNT = QUERIES["buried_count"]
 _BACKLOG_READ = QUERIES["backlog_read"]
+_BACKLOG_LAST = QUERIES["backlog_last"]
 _BACKLOG_MEASURE = QUERIES["backlog_measure"]
 _BACKLOG_MEASURE_BLOCKED = QUERIES["backlog_measure_blocked"]
 _BACKLOG_IN_FLIGHT = QUERIES["backlog_in_flight"]
@@ -152,6 +153,15 @@ class OperatorQueries:
         # relays of earlier releases read by position.
         flying = dict(await self.statements.fetch(_BACKLOG_IN_FLIGHT, {}))
         return [dataclasses.replace(s, in_flight=flying.get(s.topic, 0)) for s in counted]
+
+    async def backlog_measurement(self) -> tuple[dt.datetime, list[TopicStats]] | None:
+        rows = await self.statements.fetch(_BACKLOG_LAST, {})
+        if not rows:
+            return None
+        [(at, entries)] = rows
+        flying = dict(await self.statements.fetch(_BACKLOG_IN_FLIGHT, {}))
+        stats = [_backlog_entry(*entry) for entry in entries]
+        return at, [dataclasses.replace(s, in_flight=flying.get(s.topic, 0)) for s in stats]
 
     async def _counted(self, *, max_age: dt.timedelta | None, blocked: bool) -> list[TopicStats]:
         measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE

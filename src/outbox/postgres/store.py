@@ -313,6 +313,9 @@ class PostgresStore:
     ) -> list[TopicStats]:
         return await self.operator.topic_stats(max_age=max_age, blocked=blocked)
 
+    async def backlog_measurement(self) -> tuple[dt.datetime, list[TopicStats]] | None:
+        return await self.operator.backlog_measurement()
+
     async def topics(self) -> dict[str, TopicSettings]:
         return await self.operator.topics()
 

@@ -8,6 +8,7 @@ Durations are parsed here, from strings like ``250ms`` or ``1m30s``, and are
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -263,7 +264,95 @@ class UiSettings(BaseSettings):
         default=None,
         description=(
             "File of API tokens, one `NAME ROLE TOKEN` a line (ROLE: viewer or operator; "
-            "a mounted Secret, read again when it changes). Unset: every visitor is a "
-            "viewer, and the console listens on loopback only."
+            "a mounted Secret, read again when it changes). Unset (and no proxy): every "
+            "visitor is a viewer, and the console listens on loopback only."
         ),
     )
+    session_key: SecretStr | None = Field(
+        default=None,
+        min_length=32,
+        description=(
+            "Key signing the browser's sessions (a Secret; at least 32 characters). "
+            "Unset: a key per process, so sessions end with a restart and do not "
+            "cross replicas."
+        ),
+    )
+    base_path: str = Field(
+        default="",
+        pattern=r"^(/[A-Za-z0-9._~-]+)*$",
+        description=(
+            "Path prefix the console is served under behind an ingress (`/outbox`); "
+            "empty: the root."
+        ),
+    )
+    proxy_addresses: str = Field(
+        default="",
+        description=(
+            "Comma-separated addresses or networks (CIDR) of an authenticating proxy "
+            "(oauth2-proxy and the like): only requests from them are believed for "
+            "their identity headers and X-Forwarded-Proto."
+        ),
+    )
+    proxy_user_header: str = Field(
+        default="X-Forwarded-User",
+        description="Header a trusted proxy names the signed-in user in.",
+    )
+    proxy_groups_header: str = Field(
+        default="X-Forwarded-Groups",
+        description="Header a trusted proxy lists the user's groups in (comma-separated).",
+    )
+    proxy_operator_groups: str = Field(
+        default="",
+        description="Comma-separated groups whose members operate (the rest of a proxy's users: "
+        "OUTBOX_UI_PROXY_VIEWER_GROUPS).",
+    )
+    proxy_viewer_groups: str = Field(
+        default="",
+        description=(
+            "Comma-separated groups whose members view; `*`: every user the proxy "
+            "signed in. A user in neither list is refused (403)."
+        ),
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description=(
+            "Prometheus that scrapes the relays (http://prometheus:9090): the overview's "
+            "charts of backlog, deliveries and burials. Unset: no charts."
+        ),
+    )
+    trace_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://.*\{trace_id\}",
+        description=(
+            "Link to a message's trace, a template with {trace_id} "
+            "(https://tempo.example/trace/{trace_id}). Unset: no link."
+        ),
+    )
+
+    def proxied(self) -> bool:
+        """Whether an authenticating proxy is configured."""
+        return bool(_listed(self.proxy_addresses))
+
+    def proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """OUTBOX_UI_PROXY_ADDRESSES, each checked."""
+        try:
+            return [ipaddress.ip_network(a, strict=False) for a in _listed(self.proxy_addresses)]
+        except ValueError as exc:
+            raise ConfigError("OUTBOX_UI_PROXY_ADDRESSES", str(exc)) from None
+
+    def groups(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The operator groups and the viewer groups."""
+        operators = frozenset(_listed(self.proxy_operator_groups))
+        viewers = frozenset(_listed(self.proxy_viewer_groups))
+        if self.proxied() and not operators | viewers:
+            raise ConfigError(
+                "OUTBOX_UI_PROXY_VIEWER_GROUPS",
+                "a proxy is set but no group has a role: list the groups that view "
+                "(or `*`) and those that operate (OUTBOX_UI_PROXY_OPERATOR_GROUPS)",
+            )
+        return operators, viewers
+
+
+def _listed(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]

@@ -495,7 +495,9 @@ WHERE id = %(id)s;
 
 -- message_list --
 -- Messages in the order of their ids (time-ordered) after %(after)s (NULL:
--- from the first), of %(topic)s, %(key)s and %(state)s (NULL: any): pending
+-- from the first), of %(topic)s, %(key)s, %(state)s, a last error containing
+-- %(error_contains)s and created (buried, of state buried) longer than
+-- %(older_than)s ago (NULL: any): pending
 -- (due, no lease), due_later, in_flight (leased; an orphan's lease has
 -- ended), parked (behind an earlier message of its key) or buried. A page
 -- of %(limit)s read on from the last one's id (no OFFSET); payloads stay in
@@ -510,6 +512,11 @@ FROM outbox_messages
 WHERE (%(after)s::uuid IS NULL OR id > %(after)s)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s)
   AND (%(key)s::text IS NULL OR key = %(key)s)
+  AND (%(error_contains)s::text IS NULL
+       OR strpos(lower(last_error), lower(%(error_contains)s)) > 0)
+  AND (%(older_than)s::interval IS NULL
+       OR CASE WHEN %(state)s::text = 'buried' THEN buried_at ELSE created_at END
+          < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
   AND CASE %(state)s::text
         WHEN 'pending' THEN buried_at IS NULL AND leased_until IS NULL
                             AND due_at <= coalesce(%(now)s::timestamptz, now())
@@ -677,6 +684,10 @@ LIMIT %(limit)s;
 -- (by the database's clock, which took it).
 SELECT stats, measured_at > now() - %(max_age)s AS fresh
 FROM outbox_backlog;
+
+-- backlog_last --
+-- The last backlog measurement and when it was taken, whatever its age.
+SELECT measured_at, stats FROM outbox_backlog;
 
 -- backlog_measure --
 -- Backlog per topic: pending and buried counts, the oldest pending message.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import hmac
 import logging
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from outbox.errors import ConfigError
 
-__all__ = ["Identity", "Role", "TokenFile"]
+__all__ = ["Identity", "Role", "TokenFile", "token_fingerprint"]
 
 log = logging.getLogger("outbox.ui")
 
@@ -72,6 +73,18 @@ class TokenFile:
                 found = identity
         return found
 
+    def still(self, identity: Identity, fingerprint: str) -> Identity | None:
+        """The identity a session signed in as, as the file has it now: None once
+        its token is gone or changed (a rotated Secret ends its sessions)."""
+        self._reload(first=False)
+        found = None
+        for known, current in self._tokens:
+            if current.name == identity.name and hmac.compare_digest(
+                fingerprint, token_fingerprint(known)
+            ):
+                found = current
+        return found
+
     def _reload(self, *, first: bool) -> None:
         try:
             st = os.stat(self.path)
@@ -93,6 +106,12 @@ class TokenFile:
         self._tokens, self._stamp = tokens, stamp
         if not first:
             log.info("OUTBOX_UI_TOKENS_FILE read again: %d tokens", len(tokens))
+
+
+def token_fingerprint(token: bytes) -> str:
+    """What a session keeps of the token it signed in with: enough to tell the
+    token changed, nothing to sign in with."""
+    return hashlib.sha256(b"outbox-ui-session:" + token).hexdigest()[:32]
 
 
 def _parse(text: str) -> list[tuple[bytes, Identity]]:
