@@ -462,6 +462,9 @@ class MemoryStore:
             )
         return out
 
+    async def may_change(self) -> bool:
+        return True
+
     async def backlog_measurement(self) -> tuple[dt.datetime, list[TopicStats]] | None:
         # Nothing is shared between processes: every measurement is this one.
         return self.clock(), await self.topic_stats()

@@ -388,6 +388,11 @@ class Registry(Protocol):
         """The topic registry, by topic."""
         ...
 
+    async def may_change(self) -> bool:
+        """Whether this store's own access may requeue, purge and set topics (a
+        read-only console's database role may not: its pages offer no changes)."""
+        ...
+
     async def set_topic(self, settings: TopicSettings, now: dt.datetime | None = None) -> None:
         """Create or replace one topic's registry entry."""
         ...

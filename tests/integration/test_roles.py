@@ -344,6 +344,13 @@ async def test_a_read_only_console_reads_everything_and_refuses_changes_with_the
                 assert r.status == 403
             assert "--grants operator=ROLE" in refused["error"]
             assert "permission denied" in refused["error"]
+            # The pages, to an operator of this console: the change buttons are gone.
+            async with s.get(f"{base}/buried", headers=auth) as r:
+                page = await r.text()
+                assert r.status == 200
+                assert "boom" in page
+                assert "all that match" not in page
+                assert 'type="checkbox"' not in page
     assert (
         count(
             roles.url("owner"), "SELECT count(*) FROM outbox_messages WHERE buried_at IS NOT NULL"

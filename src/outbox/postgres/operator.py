@@ -50,6 +50,7 @@ _BACKLOG_MEASURE = QUERIES["backlog_measure"]
 _BACKLOG_MEASURE_BLOCKED = QUERIES["backlog_measure_blocked"]
 _BACKLOG_IN_FLIGHT = QUERIES["backlog_in_flight"]
 _TOPIC_LIST = QUERIES["topic_list"]
+_MAY_CHANGE = QUERIES["may_change"]
 _STORAGE_HEALTH = QUERIES["storage_health"]
 _TOPIC_UPSERT = QUERIES["topic_upsert"]
 _TOPIC_DELETE = QUERIES["topic_delete"]
@@ -191,6 +192,10 @@ class OperatorQueries:
 
     async def topics(self) -> dict[str, TopicSettings]:
         return {r[0]: TopicSettings(*r) for r in await self.statements.fetch(_TOPIC_LIST, {})}
+
+    async def may_change(self) -> bool:
+        [(allowed,)] = await self.statements.fetch(_MAY_CHANGE, {})
+        return bool(allowed)
 
     async def storage(self) -> StorageHealth:
         [(seconds, transactions, dead, size)] = await self.statements.fetch(_STORAGE_HEALTH, {})

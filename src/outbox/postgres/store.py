@@ -319,6 +319,9 @@ class PostgresStore:
     async def topics(self) -> dict[str, TopicSettings]:
         return await self.operator.topics()
 
+    async def may_change(self) -> bool:
+        return await self.operator.may_change()
+
     async def storage(self) -> StorageHealth:
         return await self.operator.storage()
 

@@ -775,6 +775,13 @@ FROM outbox_messages
 WHERE leased_until IS NOT NULL AND leased_until <> 'infinity' AND buried_at IS NULL
 GROUP BY topic;
 
+-- may_change --
+-- Whether this session's role may do an operator's writes: requeue and purge
+-- buried messages, set and delete topics' entries.
+SELECT has_table_privilege('outbox_messages', 'UPDATE')
+       AND has_table_privilege('outbox_messages', 'DELETE')
+       AND has_table_privilege('outbox_topics', 'INSERT, UPDATE, DELETE');
+
 -- topic_list --
 -- The whole topic registry.
 SELECT topic, enabled, handler, config, max_attempts, timeout, max_in_flight, source, updated_at,

@@ -128,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
                 site = web.TCPSite(runner, own.host, own.port)
                 await site.start()
                 host, port = runner.addresses[0][:2]
-                who = ", ".join(
-                    w for w, on in (("tokens", tokens), ("proxy", proxy)) if on
-                ) or "none: every visitor is a viewer"
+                who = (
+                    ", ".join(w for w, on in (("tokens", tokens), ("proxy", proxy)) if on)
+                    or "none: every visitor is a viewer"
+                )
                 log.info(
                     "console listening on http://%s:%d%s/ (authentication: %s)",
                     host,

@@ -71,7 +71,9 @@ class Api:
         """Every topic's counts, from the relays' shared measurement (``measured_at``
         says when); ``?count=1`` counts now, once, within a deadline."""
         self._caller(request)
-        overview = await self.operations.overview(count=request.query.get("count") == "1")
+        overview = await self.operations.overview(
+            count=request.query.get("count") == "1", when_missing=True
+        )
         out = []
         for row in overview.topics:
             record = row.record(overview.now)

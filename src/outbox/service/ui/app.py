@@ -98,27 +98,32 @@ class Console:
         try:
             return await handler(request)
         except (Refused, Denied) as exc:
-            return self._error(request, api, exc.status, str(exc))
+            return await self._error(request, api, exc.status, str(exc))
         except web.HTTPRequestEntityTooLarge:
-            return self._error(request, api, 413, f"the body is larger than {MAX_BODY} bytes")
+            return await self._error(request, api, 413, f"the body is larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return self._error(request, api, exc.status, exc.reason)
+                return await self._error(request, api, exc.status, exc.reason)
             raise
         except NotFound as exc:
-            return self._error(request, api, 404, str(exc).removeprefix("outbox: "))
+            return await self._error(request, api, 404, str(exc).removeprefix("outbox: "))
         except NotPermitted as exc:
-            return self._error(request, api, 403, f"{READ_ONLY}: {exc}")
+            return await self._error(request, api, 403, f"{READ_ONLY}: {exc}")
         except StoreUnavailable as exc:
-            return self._error(request, api, 503, str(exc).removeprefix("outbox: "))
+            return await self._error(request, api, 503, str(exc).removeprefix("outbox: "))
         except OutboxError as exc:
             log.warning("console request failed: %s", exc)
-            return self._error(request, api, 500, "the store failed; see the console's log")
+            return await self._error(request, api, 500, "the store failed; see the console's log")
 
-    def _error(self, request: web.Request, api: bool, status: int, message: str) -> web.Response:
+    async def _error(
+        self, request: web.Request, api: bool, status: int, message: str
+    ) -> web.Response:
         if api:
             return web.json_response({"error": message}, status=status)
-        return self.pages.error(request, status, message)
+        try:
+            return await self.pages.error(request, status, message)
+        except OutboxError:  # the store is what failed: a page without its buttons
+            return web.Response(status=status, text=f"{status}: {message}\n")
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

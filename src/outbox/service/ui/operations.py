@@ -28,6 +28,8 @@ audit = logging.getLogger("outbox.ui.audit")
 
 STALE = dt.timedelta(minutes=2)
 """A backlog measurement older than this is shown as stale (no relay is measuring)."""
+GRANTS_AGE = dt.timedelta(minutes=1)
+"""How long the console believes what it read of its database role's grants."""
 COUNT_AGE = dt.timedelta(minutes=1)
 """A direct count shares a measurement younger than this instead of counting again."""
 
@@ -109,6 +111,7 @@ class Operations:
     ) -> None:
         self.store = store
         self.clock = clock
+        self._writable: tuple[dt.datetime, bool] | None = None
         self.actions = Counter(
             "outbox_ui_actions",
             "Changes and payload reveals made through the console, by action.",
@@ -118,16 +121,27 @@ class Operations:
 
     # -- reads --------------------------------------------------------------------------
 
-    async def overview(self, *, count: bool = False) -> Overview:
+    async def writable(self) -> bool:
+        """Whether the console's database role may change anything (read again
+        after GRANTS_AGE: a grant given later shows without a restart)."""
+        now = self.clock()
+        if self._writable is None or now - self._writable[0] > GRANTS_AGE:
+            self._writable = (now, await self.store.may_change())
+        return self._writable[1]
+
+    async def overview(self, *, count: bool = False, when_missing: bool = False) -> Overview:
         """The relays' last shared measurement, never a count of its own, unless
-        ``count`` or there is none: then one bounded count (shared with the
-        relays, as theirs are)."""
+        ``count`` (or ``when_missing`` and there is none): then one bounded
+        count, shared with the relays as theirs are. No measurement and no
+        count: the topics of the registry, without counts."""
         measured = None if count else await self.store.backlog_measurement()
-        if measured is None:
-            stats = await self.store.topic_stats(max_age=COUNT_AGE)
-            at: dt.datetime | None = self.clock()
-        else:
+        at: dt.datetime | None = None
+        stats: list[TopicStats] = []
+        if measured is not None:
             at, stats = measured
+        elif count or when_missing:
+            stats = await self.store.topic_stats(max_age=COUNT_AGE)
+            at = self.clock()
         registry = await self.store.topics()
         serving: dict[str, int] = {}
         everything = 0

@@ -78,7 +78,7 @@ class Pages:
 
     # -- rendering ----------------------------------------------------------------------
 
-    def render(
+    async def render(
         self,
         name: str,
         request: web.Request,
@@ -86,7 +86,11 @@ class Pages:
         status: int = 200,
         **ctx: Any,
     ) -> web.Response:
+        """The page ``name``; its change buttons only for an operator whose
+        console's database role may change things."""
+        operates = visitor is not None and visitor.identity.operates
         page = self.env.get_template(name).render(
+            changes=operates and await self.operations.writable(),
             base=self.base,
             here=ctx.pop("here", None),
             visitor=visitor,
@@ -105,14 +109,14 @@ class Pages:
         }
         return web.Response(text=page, status=status, content_type="text/html", headers=headers)
 
-    def error(
+    async def error(
         self, request: web.Request, status: int, message: str, command: str | None = None
     ) -> web.Response:
         try:
             visitor = self.access.visitor(request)
         except Denied:
             visitor = None
-        return self.render(
+        return await self.render(
             "error.html", request, visitor, status, code=status, message=message, command=command
         )
 
@@ -141,7 +145,9 @@ class Pages:
     async def _signin_form(self, request: web.Request) -> web.Response:
         if self.access.tokens is None:
             raise web.HTTPSeeOther(f"{self.base}/")
-        return self.render("signin.html", request, None, next=_next(request.query.get("next")))
+        return await self.render(
+            "signin.html", request, None, next=_next(request.query.get("next"))
+        )
 
     async def _signin(self, request: web.Request) -> web.StreamResponse:
         if self.access.tokens is None:
@@ -153,7 +159,7 @@ class Pages:
         signed = self.access.sign_in(_text(form.get("token")) or "")
         target = _next(_text(form.get("next")))
         if signed is None:
-            return self.render(
+            return await self.render(
                 "signin.html",
                 request,
                 None,
@@ -173,7 +179,7 @@ class Pages:
             samesite="Strict",
             secure=self.access.secure(request),
         )
-        return response
+        raise response
 
     async def _signout(self, request: web.Request) -> web.StreamResponse:
         visitor = self._visitor(request)
@@ -182,7 +188,7 @@ class Pages:
         self.access.sign_out(visitor)
         response = web.HTTPSeeOther(f"{self.base}/signin")
         response.del_cookie(COOKIE, path=f"{self.base}/")
-        return response
+        raise response
 
     # -- views ----------------------------------------------------------------------------
 
@@ -193,7 +199,7 @@ class Pages:
             inputs.topic(topic)
         counted = request.query.get("count") == "1"
         overview = await self.operations.overview(count=counted)
-        return self.render(
+        return await self.render(
             "overview.html",
             request,
             visitor,
@@ -223,7 +229,7 @@ class Pages:
             older_than=inputs.older_than(q.get("older_than") or None),
         )
         page = await self._listed(query)
-        return self.render(
+        return await self.render(
             "messages.html",
             request,
             visitor,
@@ -274,7 +280,7 @@ class Pages:
                 if m.id in ids
                 else f"beyond the first {KEY_PLACES}"
             )
-        return self.render(
+        return await self.render(
             "message.html",
             request,
             visitor,
@@ -308,7 +314,7 @@ class Pages:
             older_than=inputs.older_than(q.get("older_than") or None),
         )
         page = await self._listed(query)
-        return self.render(
+        return await self.render(
             "buried.html",
             request,
             visitor,
@@ -326,7 +332,7 @@ class Pages:
         action = _action(form)
         selection, named, fields = _form_filter(form)
         found = await self.operations.count_buried(selection)
-        return self.render(
+        return await self.render(
             "confirm.html",
             request,
             visitor,
@@ -356,18 +362,18 @@ class Pages:
         if topic is not None:
             inputs.topic(topic)
         keys = await self.store.keys_blocked(topic=topic, limit=inputs.MAX_LIMIT)
-        return self.render("keys.html", request, visitor, here="/keys", keys=keys)
+        return await self.render("keys.html", request, visitor, here="/keys", keys=keys)
 
     async def _relays(self, request: web.Request) -> web.Response:
         visitor = self._visitor(request)
         relays = await self.operations.relays()
-        return self.render("relays.html", request, visitor, here="/relays", relays=relays)
+        return await self.render("relays.html", request, visitor, here="/relays", relays=relays)
 
     async def _topics(self, request: web.Request, governed: Any = None) -> web.Response:
         visitor = self._visitor(request)
         overview = await self.operations.overview()
         status = 409 if governed else 200
-        return self.render(
+        return await self.render(
             "topics.html",
             request,
             visitor,
