@@ -23,7 +23,7 @@ COPY constraints.txt /tmp/
 # binary build) and no embedded PostgreSQL: pods use OUTBOX_DATABASE_URL. Every
 # dependency at the version constraints.txt pins.
 RUN pip install --no-cache-dir -c /tmp/constraints.txt \
-        "$(ls /tmp/*.whl)[relay,mail,webhook,nats,amqp,redis,k8s,otel,binary]" \
+        "$(ls /tmp/*.whl)[relay,mail,webhook,nats,amqp,redis,k8s,ui,otel,binary]" \
     && rm -f /tmp/*.whl /tmp/constraints.txt \
     && groupadd --system --gid 10001 outbox \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin outbox

@@ -314,6 +314,7 @@ async def test_the_overview_says_when_its_counts_are_stale_and_counts_once_on_re
     await bury(pg_store, new_message("mail.welcome", {}, T0), reason="550")
     await served.sign_in(VIEWER)
     status, page = await served.get("/")
+    assert status == 200
     assert "These counts are missing" in page, "no relay has measured: nothing is counted"
     assert 'data-topic="mail.welcome"' not in page
     _, page = await served.get("/?count=1")

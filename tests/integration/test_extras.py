@@ -10,12 +10,21 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.process import REPO, RelayProcess, add_messages, outbox_env, wait_until
+from tests.integration.process import (
+    REPO,
+    RelayProcess,
+    add_messages,
+    free_port,
+    outbox_env,
+    wait_until,
+)
 
 EXTRAS = (
     "core",
@@ -26,6 +35,7 @@ EXTRAS = (
     "amqp",
     "redis",
     "k8s",
+    "ui",
     "embedded",
     "sqlalchemy",
     "django",
@@ -202,6 +212,42 @@ def test_k8s_brings_the_controller(venvs: dict[str, Path]) -> None:
     done = outbox(venvs["k8s"], "controller", "--help")
     assert done.returncode == 0, done.stderr
     assert python(venvs["k8s"], "import outbox.controller.handlers").returncode == 0
+
+
+def test_ui_serves_the_console(venvs: dict[str, Path], db: str, tmp_path: Path) -> None:
+    """`outbox ui` from the ui extra alone: the pages render (its templates and
+    stylesheet are in the wheel); without the extra it names it."""
+    port = free_port()
+    env = outbox_env(OUTBOX_DATABASE_URL=db, OUTBOX_UI_PORT=str(port))
+    proc = subprocess.Popen(
+        [str(venvs["ui"] / "bin" / "outbox"), "ui"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until("the console to listen", lambda: _status(port, "/healthz") == 200)
+        assert _status(port, "/topics") == 200
+        assert _status(port, "/static/console.css") == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0, out
+    missing = outbox(venvs["relay"], "ui")
+    assert missing.returncode == 2
+    assert missing.stderr == "outbox ui: install outbox-relay[ui] (the jinja2 module is missing)\n"
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
 
 
 def test_embedded_runs_on_its_own_postgresql_without_a_url(

