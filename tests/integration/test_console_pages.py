@@ -420,7 +420,7 @@ async def test_x_forwarded_proto_is_believed_from_the_proxy_only(
                 allow_redirects=False,
             ) as r,
         ):
-            return r.headers["Set-Cookie"]
+            return str(r.headers["Set-Cookie"])
 
     assert "Secure" in await cookie("127.0.0.1/32")
     assert "Secure" not in await cookie("10.0.0.0/8")
