@@ -56,7 +56,7 @@ class Browser:
     async def csrf(self, path: str = "/") -> str:
         status, page = await self.get(path)
         assert status == 200, page
-        return CSRF.findall(page)[0]
+        return str(CSRF.findall(page)[0])
 
 
 @pytest.fixture
