@@ -67,6 +67,7 @@ def test_no_secret_value_is_rendered(rendered: list[dict[str, Any]]) -> None:
                 "OUTBOX_DATABASE_URL",
                 "OUTBOX_SMTP_USERNAME",
                 "OUTBOX_SMTP_PASSWORD",
+                "OUTBOX_UI_SESSION_KEY",
             ):
                 assert "value" not in env, (name, env["name"])
                 assert env["valueFrom"]["secretKeyRef"]["name"], (name, env["name"])
@@ -223,6 +224,9 @@ def test_migrate_keeps_the_triggers_the_values_name() -> None:
         ({"tracing": {"samplerArg": "half"}}, "samplerArg"),
         ({"tracing": {"endpoint": "otel-collector:4318"}}, "endpoint"),
         ({"migrations": {"allowTriggers": ["audit; DROP"]}}, "allowTriggers"),
+        ({"ui": {"basePath": "outbox/"}}, "basePath"),
+        ({"ui": {"traceUrl": "https://tempo.example/trace/"}}, "traceUrl"),
+        ({"ui": {"auth": {"proxy": {"addresses": ["everywhere"]}}}}, "addresses"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: dict[str, Any], complaint: str) -> None:
@@ -236,6 +240,11 @@ def test_bad_values_are_refused_by_the_schema(values: dict[str, Any], complaint:
         ({"relay": {"lease": "20s", "timeout": "30s"}}, "must outlast relay.timeout"),
         ({"relay": {"terminationGracePeriodSeconds": 20}}, "must exceed relay.timeout"),
         ({"tracing": {"enabled": True}}, "tracing.endpoint is required"),
+        ({"ui": {"enabled": True}}, "ui.enabled needs authentication"),
+        (
+            {"ui": {"enabled": True, "auth": {"proxy": {"addresses": ["10.0.0.0/8"]}}}},
+            "ui.auth.proxy needs operatorGroups or viewerGroups",
+        ),
     ],
 )
 def test_inconsistent_values_fail_the_render(values: dict[str, Any], complaint: str) -> None:
@@ -282,3 +291,59 @@ def test_chart_dir_holds_what_helm_packages() -> None:
     }
     assert isinstance(json.loads((CHART / "values.schema.json").read_text()), dict)
     assert Path(CHART / "templates" / "NOTES.txt").exists()
+
+
+def test_the_console_is_its_own_locked_down_component_behind_authentication() -> None:
+    docs = documents(render(VALUE_SETS["console"]))
+    [ui] = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-ui")]
+    pod = ui["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"].endswith("-ui")
+    assert pod["automountServiceAccountToken"] is False
+    [sa] = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"].endswith("-ui")]
+    assert sa["automountServiceAccountToken"] is False
+    [c] = pod["containers"]
+    assert c["args"] == ["ui"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["OUTBOX_UI_HOST"]["value"] == "0.0.0.0"
+    assert env["OUTBOX_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["name"] == "outbox-console-db"
+    assert env["OUTBOX_UI_SESSION_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "outbox-ui-session"
+    tokens = env["OUTBOX_UI_TOKENS_FILE"]["value"]
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "tokens"]
+    assert tokens.startswith(mount["mountPath"] + "/")
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod["volumes"] if v["name"] == "tokens"]
+    assert volume["secret"]["secretName"] == "outbox-ui-tokens"
+    assert env["OUTBOX_UI_BASE_PATH"]["value"] == "/outbox"
+    # Probes need no credentials: the health path, on the console's port.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    [svc] = [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-ui")]
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["selector"] == ui["spec"]["selector"]["matchLabels"]
+    [ingress] = by_kind(docs, "Ingress")
+    [path] = ingress["spec"]["rules"][0]["http"]["paths"]
+    assert path["path"] == "/outbox"
+    assert path["backend"]["service"]["name"] == svc["metadata"]["name"]
+    [policy] = [d for d in by_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-ui")]
+    assert policy["spec"]["podSelector"]["matchLabels"] == ui["spec"]["selector"]["matchLabels"]
+    [rule] = policy["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "ingress-nginx"}}}]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+    # Nothing listed: nothing reaches it through the pod network.
+    proxied = documents(render(VALUE_SETS["console behind a proxy"]))
+    [policy] = [
+        d for d in by_kind(proxied, "NetworkPolicy") if d["metadata"]["name"].endswith("-ui")
+    ]
+    assert policy["spec"]["ingress"] == []
+    [ui] = [d for d in by_kind(proxied, "Deployment") if d["metadata"]["name"].endswith("-ui")]
+    env = {
+        e["name"]: e.get("value") for e in ui["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["OUTBOX_UI_PROXY_ADDRESSES"] == "10.0.0.0/8"
+    assert (env["OUTBOX_UI_PROXY_OPERATOR_GROUPS"], env["OUTBOX_UI_PROXY_VIEWER_GROUPS"]) == (
+        "sre",
+        "dev",
+    )
+    assert "OUTBOX_UI_TOKENS_FILE" not in env
+    assert not [d for d in documents(render({})) if d["metadata"]["name"].endswith("-ui")]

@@ -47,6 +47,37 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
         }
     },
+    "console": {
+        "ui": {
+            "enabled": True,
+            "database": {"existingSecret": "outbox-console-db"},
+            "auth": {"tokensSecret": "outbox-ui-tokens", "sessionSecret": "outbox-ui-session"},
+            "basePath": "/outbox",
+            "prometheusUrl": "http://prometheus-operated.monitoring:9090",
+            "traceUrl": "https://tempo.example/trace/{trace_id}",
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "host": "ops.example.com",
+                "tls": [{"secretName": "ops-tls", "hosts": ["ops.example.com"]}],
+            },
+            "networkPolicy": {
+                "from": [{"namespaceSelector": {"matchLabels": {"name": "ingress-nginx"}}}]
+            },
+        }
+    },
+    "console behind a proxy": {
+        "ui": {
+            "enabled": True,
+            "auth": {
+                "proxy": {
+                    "addresses": ["10.0.0.0/8"],
+                    "operatorGroups": ["sre"],
+                    "viewerGroups": ["dev"],
+                }
+            },
+        }
+    },
     "dev": yaml.safe_load((CHART.parent / "dev-values.yaml").read_text()),
 }
 
