@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from typing import Any
@@ -241,3 +242,41 @@ async def test_a_listing_pages_through_messages_by_state_topic_and_key(store: St
         await store.list_messages(MessageQuery(state="sleeping"))
     with pytest.raises(ValueError, match="limit"):
         await store.list_messages(MessageQuery(limit=501))
+
+
+async def test_a_listing_selects_by_error_text_and_age(store: Store[Any]) -> None:
+    old = new_message("hook.order", {}, T0 - 2 * H)
+    young = new_message("hook.order", {}, T0)
+    async with store.begin() as tx:
+        await store.add(tx, old, young)
+    await store.bury(old.id, "Receiver TIMED OUT after 10s", at=T0 - H)
+    await store.bury(young.id, "400 bad request", at=T0)
+
+    def ids(found: list[Any]) -> set[Any]:
+        return {s.message.id for s in found}
+
+    timed_out = MessageQuery(error_contains="timed out", now=T0)
+    assert ids(await store.list_messages(timed_out)) == {old.id}
+    # Created more than 90 minutes ago; of buried ones, buried more than that ago.
+    aged = MessageQuery(older_than=H + H / 2, now=T0)
+    assert ids(await store.list_messages(aged)) == {old.id}
+    assert ids(await store.list_messages(dataclasses.replace(aged, state="buried"))) == set()
+    buried_an_hour = MessageQuery(state="buried", older_than=H / 2, now=T0)
+    assert ids(await store.list_messages(buried_an_hour)) == {old.id}
+    with pytest.raises(ValueError, match="error text"):
+        MessageQuery(error_contains="")
+
+
+async def test_the_last_backlog_measurement_is_read_without_counting(store: Store[Any]) -> None:
+    async with store.begin() as tx:
+        await store.add(tx, new_message("mail.a", {}, T0))
+    counted = await store.topic_stats(max_age=dt.timedelta(minutes=1))  # kept, as a relay's
+    measured = await store.backlog_measurement()
+    assert measured is not None
+    at, stats = measured
+    assert [(s.topic, s.pending, s.buried) for s in stats] == [
+        (s.topic, s.pending, s.buried) for s in counted
+    ]
+    assert [s.in_flight for s in stats] == [0]
+    assert at.tzinfo is not None
+    assert await store.may_change() is True, "the tests' own role may do everything"
