@@ -438,6 +438,7 @@ class MemoryStore:
     async def topic_stats(
         self, *, max_age: dt.timedelta | None = None, blocked: bool = True
     ) -> list[TopicStats]:
+        now = self.clock()
         keys: dict[str, list[Any]] = {}
         for b in await self.keys_blocked(limit=len(self._rows)) if blocked else ():
             entry = keys.setdefault(b.topic, [0, None])
@@ -445,20 +446,23 @@ class MemoryStore:
             entry[1] = b.since if entry[1] is None else min(entry[1], b.since)
         stats: dict[str, list[Any]] = {}
         for r in self._rows.values():
-            entry = stats.setdefault(r.message.topic, [0, 0, None, 0])
+            entry = stats.setdefault(r.message.topic, [0, 0, None, 0, 0])
             if r.buried_at is not None:
                 entry[1] += 1
                 continue
             entry[0] += 1
             entry[3] += r.leased_until is not None
+            entry[4] += r.leased_until is None and r.due_at > now
             if entry[2] is None or r.message.created_at < entry[2]:
                 entry[2] = r.message.created_at
         out = []
         for topic in sorted(stats):
-            pending, buried, oldest, flying = stats[topic]
+            pending, buried, oldest, flying, later = stats[topic]
             n, since = keys.get(topic, (0, None)) if blocked else (None, None)
             out.append(
-                TopicStats(topic, pending, buried, oldest, n, since, flying if blocked else None)
+                TopicStats(
+                    topic, pending, buried, oldest, n, since, flying if blocked else None, later
+                )
             )
         return out
 

@@ -96,6 +96,10 @@ class TopicStats:
     """Of ``pending``, those a lease holds (an orphan's lease has ended); None:
     not measured (a count taken without the lease column, an earlier
     release's)."""
+    due_later: int | None = None
+    """Of ``pending``, those waiting for a later due time (a retry's backoff, a
+    delay) under no lease; None: not measured (a relay of an earlier release
+    measured)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -268,8 +268,10 @@ async def test_a_listing_selects_by_error_text_and_age(store: Store[Any]) -> Non
 
 
 async def test_the_last_backlog_measurement_is_read_without_counting(store: Store[Any]) -> None:
+    tomorrow = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # by every store's clock
     async with store.begin() as tx:
         await store.add(tx, new_message("mail.a", {}, T0))
+        await store.add(tx, new_message("mail.a", {}, T0, deliver_at=tomorrow))
     counted = await store.topic_stats(max_age=dt.timedelta(minutes=1))  # kept, as a relay's
     measured = await store.backlog_measurement()
     assert measured is not None
@@ -278,5 +280,6 @@ async def test_the_last_backlog_measurement_is_read_without_counting(store: Stor
         (s.topic, s.pending, s.buried) for s in counted
     ]
     assert [s.in_flight for s in stats] == [0]
+    assert [(s.pending, s.due_later) for s in stats] == [(2, 1)]
     assert at.tzinfo is not None
     assert await store.may_change() is True, "the tests' own role may do everything"

@@ -341,3 +341,25 @@ async def test_a_listing_that_reads_too_long_asks_for_a_narrower_filter(
     pg_store.operator.list_wait = 2.0
     status, _ = await console.get("/api/v1/messages?topic=bulk.topic&limit=5", VIEWER)
     assert status == 200
+
+
+async def test_due_later_counts_are_believed_only_from_the_measurement_they_came_with(
+    pg_store: PostgresStore,
+) -> None:
+    tomorrow = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, new_message("mail.a", {}, deliver_at=tomorrow))
+    await pg_store.topic_stats(max_age=dt.timedelta(0))  # a relay of this release measures
+    measured = await pg_store.backlog_measurement()
+    assert measured is not None
+    assert [s.due_later for s in measured[1]] == [1]
+    # A relay of the release before rewrites the measurement without them.
+    async with pg_store.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO outbox_backlog (id, measured_at, stats) VALUES (true, now(), '[]') "
+            "ON CONFLICT (id) DO UPDATE SET measured_at = clock_timestamp(), "
+            "stats = '[[\"mail.a\", 1, 0, null, 0, null]]'"
+        )
+    measured = await pg_store.backlog_measurement()
+    assert measured is not None
+    assert [(s.pending, s.due_later) for s in measured[1]] == [(1, None)]

@@ -159,10 +159,17 @@ class OperatorQueries:
         rows = await self.statements.fetch(_BACKLOG_LAST, {})
         if not rows:
             return None
-        [(at, entries)] = rows
+        [(at, entries, later)] = rows
         flying = dict(await self.statements.fetch(_BACKLOG_IN_FLIGHT, {}))
         stats = [_backlog_entry(*entry) for entry in entries]
-        return at, [dataclasses.replace(s, in_flight=flying.get(s.topic, 0)) for s in stats]
+        return at, [
+            dataclasses.replace(
+                s,
+                in_flight=flying.get(s.topic, 0),
+                due_later=None if later is None else int(later.get(s.topic, 0)),
+            )
+            for s in stats
+        ]
 
     async def _counted(self, *, max_age: dt.timedelta | None, blocked: bool) -> list[TopicStats]:
         measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE
@@ -271,9 +278,10 @@ def _instant(text: str | None) -> dt.datetime | None:
 
 def _measured(row: Any, blocked: bool) -> TopicStats:
     if blocked:
-        return TopicStats(*row)
-    topic, pending, buried, oldest = row
-    return TopicStats(topic, pending, buried, oldest, blocked_keys=None)
+        topic, pending, buried, oldest, keys, since, later = row
+        return TopicStats(topic, pending, buried, oldest, keys, since, due_later=later)
+    topic, pending, buried, oldest, later = row
+    return TopicStats(topic, pending, buried, oldest, blocked_keys=None, due_later=later)
 
 
 def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:

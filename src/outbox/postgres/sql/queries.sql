@@ -686,8 +686,11 @@ SELECT stats, measured_at > now() - %(max_age)s AS fresh
 FROM outbox_backlog;
 
 -- backlog_last --
--- The last backlog measurement and when it was taken, whatever its age.
-SELECT measured_at, stats FROM outbox_backlog;
+-- The last backlog measurement and when it was taken, whatever its age, with
+-- its due-later counts when the relay that took it kept them (NULL when a
+-- relay of an earlier release measured last).
+SELECT measured_at, stats, CASE WHEN due_later_at = measured_at THEN due_later END
+FROM outbox_backlog;
 
 -- backlog_measure --
 -- Backlog per topic: pending and buried counts, the oldest pending message.
@@ -697,20 +700,25 @@ WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
+           count(*) FILTER (WHERE buried_at IS NULL AND leased_until IS NULL
+                              AND due_at > now()) AS due_later
     FROM outbox_messages
     GROUP BY topic
 ),
 kept AS (
-    INSERT INTO outbox_backlog (id, measured_at, stats)
+    INSERT INTO outbox_backlog (id, measured_at, stats, due_later, due_later_at)
     SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending)
-                              ORDER BY topic), '[]')
+                              ORDER BY topic), '[]'),
+           coalesce(jsonb_object_agg(topic, due_later), '{}'), now()
     FROM stats
     HAVING %(keep)s
-    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
+    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats,
+                                   due_later = excluded.due_later,
+                                   due_later_at = excluded.due_later_at
 )
-SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
+SELECT topic, pending, buried, oldest_pending, due_later FROM stats ORDER BY topic;
 
 -- backlog_measure_blocked --
 -- backlog_measure, with each topic's blocked keys (as keys_blocked finds them,
@@ -721,7 +729,9 @@ WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
+           count(*) FILTER (WHERE buried_at IS NULL AND leased_until IS NULL
+                              AND due_at > now()) AS due_later
     FROM outbox_messages
     GROUP BY topic
 ),
@@ -750,21 +760,24 @@ blocked AS MATERIALIZED (
 ),
 joined AS MATERIALIZED (
     SELECT s.topic, s.pending, s.buried, s.oldest_pending,
-           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked
+           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked, s.due_later
     FROM stats AS s
     LEFT JOIN blocked AS b ON b.topic = s.topic
 ),
 kept AS (
-    INSERT INTO outbox_backlog (id, measured_at, stats)
+    INSERT INTO outbox_backlog (id, measured_at, stats, due_later, due_later_at)
     SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending,
                                                 blocked_keys, oldest_blocked)
-                              ORDER BY topic), '[]')
+                              ORDER BY topic), '[]'),
+           coalesce(jsonb_object_agg(topic, due_later), '{}'), now()
     FROM joined
     HAVING %(keep)s
-    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats
+    ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats,
+                                   due_later = excluded.due_later,
+                                   due_later_at = excluded.due_later_at
 )
-SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked
+SELECT topic, pending, buried, oldest_pending, blocked_keys, oldest_blocked, due_later
 FROM joined ORDER BY topic;
 
 -- backlog_in_flight --

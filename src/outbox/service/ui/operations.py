@@ -78,6 +78,7 @@ class TopicRow:
             "topic": self.topic,
             "pending": s.pending if s else 0,
             "in_flight": (s.in_flight or 0) if s else 0,
+            "due_later": s.due_later if s else None,
             "buried": s.buried if s else 0,
             "blocked_keys": (s.blocked_keys or 0) if s else 0,
             "oldest_pending_seconds": self.oldest_seconds(now),
