@@ -57,7 +57,10 @@ def fill(conninfo: str, pending: int, buried: int, keyed: float = 0.1) -> None:
     t0 = dt.datetime.now(dt.UTC) - dt.timedelta(hours=3)
     rng = random.Random(7)
     with psycopg.connect(conninfo) as conn, conn.cursor() as cur:
-        columns = "id, topic, payload, created_at, due_at, key, buried_at, last_error, attempts"
+        # Hours old: where a relay's rotation has moved them, the long-stay partition.
+        columns = (
+            "id, topic, payload, created_at, due_at, key, buried_at, last_error, attempts, slot"
+        )
         with cur.copy(f"COPY outbox_messages ({columns}) FROM STDIN") as copy:
             for i in range(pending + buried):
                 topic = f"bench.topic{i % TOPICS:03d}"
@@ -66,10 +69,11 @@ def fill(conninfo: str, pending: int, buried: int, keyed: float = 0.1) -> None:
                 key = f"k{rng.randrange(5000)}" if rng.random() < keyed else None
                 if i < pending:
                     due = at + dt.timedelta(days=1) if i % 100 == 0 else at
-                    copy.write_row((m.id, topic, m.payload.decode(), at, due, key, None, None, 0))
+                    row = (m.id, topic, m.payload.decode(), at, due, key, None, None, 0, -1)
+                    copy.write_row(row)
                 else:
                     error = RARE if i % 10_000 == 0 else ERRORS[i % len(ERRORS)]
-                    row = (m.id, topic, m.payload.decode(), at, at, key, at, error, 5)
+                    row = (m.id, topic, m.payload.decode(), at, at, key, at, error, 5, -1)
                     copy.write_row(row)
         conn.commit()
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -151,6 +155,8 @@ def reads(base: str, conninfo: str) -> dict[str, str]:
         "messages page": "/messages",
         "messages: pending of a topic": "/messages?topic=bench.topic042&state=pending",
         "messages: due later": "/messages?state=due_later",
+        "messages: in flight": "/messages?state=in_flight",
+        "messages: parked": "/messages?state=parked",
         "messages: one key": "/messages?topic=bench.topic007&key=k7",
         "message page": f"/messages/{some_id}",
         "buried page": "/buried",

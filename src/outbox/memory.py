@@ -338,9 +338,26 @@ class MemoryStore:
     async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
         now = query.now or self.clock()
         listed = []
-        for r in sorted(self._rows.values(), key=lambda r: r.message.id):
+        rows = sorted(self._rows.values(), key=lambda r: r.message.id)
+        if query.state == "buried":  # newest burial first, from the burial of ``after``
+            rows = sorted(
+                (r for r in rows if r.buried_at is not None),
+                key=lambda r: (r.buried_at, r.message.id),
+                reverse=True,
+            )
+            after = self._rows.get(query.after) if query.after is not None else None
+            if query.after is not None:
+                mark = None if after is None else (after.buried_at, after.message.id)
+                rows = [
+                    r
+                    for r in rows
+                    if mark is not None
+                    and mark[0] is not None
+                    and (r.buried_at, r.message.id) < mark
+                ]
+        for r in rows:
             m = r.message
-            if query.after is not None and m.id <= query.after:
+            if query.state != "buried" and query.after is not None and m.id <= query.after:
                 continue
             if query.topic not in (None, m.topic) or query.key not in (None, m.key):
                 continue

@@ -295,7 +295,8 @@ class MessageQuery:
     """A page of an operator's listing of messages (Store.list_messages): of
     ``state`` (one of MESSAGE_STATES), ``topic`` and ``key`` (None: any), in
     the order of their ids after ``after`` (the last id of the page before),
-    at most ``limit``. ``now``: a test's clock (states are the store's time).
+    at most ``limit``; the buried (state ``buried``) newest burial first,
+    after ``after``'s burial. ``now``: a test's clock (states are the store's time).
     ValueError for a state or limit out of range."""
 
     state: str | None = None

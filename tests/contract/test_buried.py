@@ -283,3 +283,17 @@ async def test_the_last_backlog_measurement_is_read_without_counting(store: Stor
     assert [(s.pending, s.due_later) for s in stats] == [(2, 1)]
     assert at.tzinfo is not None
     assert await store.may_change() is True, "the tests' own role may do everything"
+
+
+async def test_buried_ones_are_listed_newest_burial_first(store: Store[Any]) -> None:
+    msgs = [new_message("hook.order", {"n": n}, T0) for n in range(5)]
+    async with store.begin() as tx:
+        await store.add(tx, *msgs)
+    for n, m in enumerate(msgs):  # buried in the reverse of their ids' order, then one more
+        await store.bury(m.id, "500", at=T0 + dt.timedelta(minutes=10 - n))
+    first = await store.list_messages(MessageQuery(state="buried", limit=2, now=T0))
+    assert [s.message.id for s in first] == [msgs[0].id, msgs[1].id]
+    rest = await store.list_messages(
+        MessageQuery(state="buried", after=first[-1].message.id, limit=10, now=T0)
+    )
+    assert [s.message.id for s in rest] == [m.id for m in msgs[2:]]

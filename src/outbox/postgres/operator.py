@@ -36,6 +36,7 @@ __all__ = ["OperatorQueries"]
 _KEYS_BLOCKED = QUERIES["keys_blocked"]
 _GET = QUERIES["message_get"]
 _LIST = QUERIES["message_list"]
+_LIST_BURIED = QUERIES["message_list_buried"]
 LIST_WAIT = 2.0
 """Longest a listing of messages may read (seconds): a filter that matches little
 in a large outbox is refused with QueryTooBroad rather than read it all."""
@@ -88,7 +89,8 @@ class OperatorQueries:
         ):
             await conn.execute(_LIST_TIMEOUT, {"ms": str(max(int(self.list_wait * 1000), 1))})
             try:
-                cur = await conn.execute(_LIST, params)
+                listing = _LIST_BURIED if query.state == "buried" else _LIST
+                cur = await conn.execute(listing, params)
                 rows = await cur.fetchall()
             except psycopg.errors.QueryCanceled:
                 raise QueryTooBroad(self.list_wait) from None

@@ -530,6 +530,31 @@ WHERE (%(after)s::uuid IS NULL OR id > %(after)s)
 ORDER BY id
 LIMIT %(limit)s;
 
+-- message_list_buried --
+-- message_list of the buried, newest burial first (where an operator looks):
+-- read from the index of buried rows, the page after %(after)s continuing
+-- from that message's burial (none: from the newest; no longer buried: an
+-- empty page). Older than %(older_than)s: buried longer ago.
+SELECT id, topic, '' AS payload, created_at, attempts,
+       due_at, nullif(leased_until, 'infinity') AS leased_until, last_error, buried_at, requeues,
+       requeued_at, octet_length(payload::text), key, headers,
+       leased_until = 'infinity' AS parked
+FROM outbox_messages
+WHERE buried_at IS NOT NULL
+  AND (%(after)s::uuid IS NULL
+       OR (buried_at <= (SELECT buried_at FROM outbox_messages WHERE id = %(after)s)
+           AND (buried_at, id) < (SELECT buried_at, id FROM outbox_messages
+                                  WHERE id = %(after)s)))
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(key)s::text IS NULL OR key = %(key)s)
+  AND (%(error_contains)s::text IS NULL
+       OR strpos(lower(last_error), lower(%(error_contains)s)) > 0)
+  AND (%(older_than)s::interval IS NULL
+       OR buried_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
+  AND %(state)s::text = 'buried'
+ORDER BY buried_at DESC, id DESC
+LIMIT %(limit)s;
+
 -- buried_list --
 -- Buried messages, newest first, optionally of one topic and buried within
 -- %(within)s of the database's time. Payloads stay in the table: only their
