@@ -83,7 +83,7 @@ class Api:
 
     async def _relays(self, request: web.Request) -> web.Response:
         self._caller(request)
-        out = [relay_record(r) for r in await self.store.relays()]
+        out = [relay_record(r) for r in await self.operations.relays()]
         return web.json_response(out)
 
     async def _keys_blocked(self, request: web.Request) -> web.Response:

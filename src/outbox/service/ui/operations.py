@@ -28,6 +28,9 @@ audit = logging.getLogger("outbox.ui.audit")
 
 STALE = dt.timedelta(minutes=2)
 """A backlog measurement older than this is shown as stale (no relay is measuring)."""
+SHARED_FOR = dt.timedelta(seconds=1)
+"""How long one read of the overview and of the relays answers every visitor:
+an incident's crowd on the overview costs the database one read a second."""
 GRANTS_AGE = dt.timedelta(minutes=1)
 """How long the console believes what it read of its database role's grants."""
 COUNT_AGE = dt.timedelta(minutes=1)
@@ -113,6 +116,8 @@ class Operations:
         self.store = store
         self.clock = clock
         self._writable: tuple[dt.datetime, bool] | None = None
+        self._overview: tuple[dt.datetime, Overview] | None = None
+        self._relays: tuple[dt.datetime, list[RelayInfo]] | None = None
         self.actions = Counter(
             "outbox_ui_actions",
             "Changes and payload reveals made through the console, by action.",
@@ -134,7 +139,18 @@ class Operations:
         """The relays' last shared measurement, never a count of its own, unless
         ``count`` (or ``when_missing`` and there is none): then one bounded
         count, shared with the relays as theirs are. No measurement and no
-        count: the topics of the registry, without counts."""
+        count: the topics of the registry, without counts. Read at most once a
+        SHARED_FOR for every visitor (a change made here reads it again)."""
+        now = self.clock()
+        cached = self._overview
+        if not count and cached is not None and now - cached[0] < SHARED_FOR:
+            if cached[1].measured_at is not None or not when_missing:
+                return cached[1]
+        overview = await self._read_overview(count=count, when_missing=when_missing)
+        self._overview = (now, overview)
+        return overview
+
+    async def _read_overview(self, *, count: bool, when_missing: bool) -> Overview:
         measured = None if count else await self.store.backlog_measurement()
         at: dt.datetime | None = None
         stats: list[TopicStats] = []
@@ -146,7 +162,7 @@ class Operations:
         registry = await self.store.topics()
         serving: dict[str, int] = {}
         everything = 0
-        for relay in await self.store.relays():
+        for relay in await self.relays():
             if not relay.topics:
                 everything += 1
             for t in relay.topics:
@@ -159,7 +175,11 @@ class Operations:
         return Overview(rows, at, self.clock())
 
     async def relays(self) -> list[RelayInfo]:
-        return await self.store.relays()
+        """The live relays, read at most once a SHARED_FOR."""
+        now = self.clock()
+        if self._relays is None or now - self._relays[0] >= SHARED_FOR:
+            self._relays = (now, await self.store.relays())
+        return self._relays[1]
 
     async def reveal(self, identity: Identity, message_id: uuid.UUID) -> StoredMessage:
         """A message with its payload, for an operator; audit-logged."""
@@ -208,6 +228,7 @@ class Operations:
             raise Governed(topic, source, enabled)
         entry = dataclasses.replace(current, enabled=enabled, source="cli", reroute=True)
         await self.store.set_topic(entry)
+        self._overview = None
         action = "resume" if enabled else "pause"
         self._audit(identity, action, topic, "(an override of its OutboxTopic)" if governed else "")
         return entry
@@ -216,6 +237,7 @@ class Operations:
         """Remove an operator's entry (``outbox topics delete``): an OutboxTopic
         that governed the topic writes its own again."""
         removed = await self.store.delete_topic(topic)
+        self._overview = None
         self._audit(identity, "release", topic, "")
         return removed
 
