@@ -143,8 +143,9 @@ class Operations:
         SHARED_FOR for every visitor (a change made here reads it again)."""
         now = self.clock()
         cached = self._overview
-        if not count and cached is not None and now - cached[0] < SHARED_FOR:
-            if cached[1].measured_at is not None or not when_missing:
+        if cached is not None and now - cached[0] < SHARED_FOR and not count:
+            answered = cached[1].measured_at is not None or not when_missing
+            if answered:
                 return cached[1]
         overview = await self._read_overview(count=count, when_missing=when_missing)
         self._overview = (now, overview)
