@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -115,11 +116,11 @@ def measure_backlog(conninfo: str) -> None:
 @contextmanager
 def console(conninfo: str, tmp: Path) -> Iterator[str]:
     """A real `outbox ui` on ``conninfo``; yields its base URL."""
-    from tests.integration.process import free_port
-
     tokens = tmp / "tokens"
     tokens.write_text(f"bench operator {TOKEN}\n")
-    port = free_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     env = {
         **os.environ,
         "OUTBOX_DATABASE_URL": conninfo,

@@ -163,15 +163,8 @@ class OperatorQueries:
             return None
         [(at, entries, later)] = rows
         flying = dict(await self.statements.fetch(_BACKLOG_IN_FLIGHT, {}))
-        stats = [_backlog_entry(*entry) for entry in entries]
-        return at, [
-            dataclasses.replace(
-                s,
-                in_flight=flying.get(s.topic, 0),
-                due_later=None if later is None else int(later.get(s.topic, 0)),
-            )
-            for s in stats
-        ]
+        stats = _with_due_later([_backlog_entry(*entry) for entry in entries], later)
+        return at, [dataclasses.replace(s, in_flight=flying.get(s.topic, 0)) for s in stats]
 
     async def _counted(self, *, max_age: dt.timedelta | None, blocked: bool) -> list[TopicStats]:
         measure = _BACKLOG_MEASURE_BLOCKED if blocked else _BACKLOG_MEASURE
@@ -193,7 +186,7 @@ class OperatorQueries:
             last = await cur.fetchone()
             # Fresh, or being measured by another relay right now: read it.
             if last is not None and (last[1] or not mine):
-                return [_backlog_entry(*entry) for entry in last[0]]
+                return _with_due_later([_backlog_entry(*entry) for entry in last[0]], last[2])
             # Kept only with the blocked keys: a count without them would
             # hide from the others what a relay's count found.
             cur = await conn.execute(measure, {**params, "keep": mine and blocked})
@@ -282,8 +275,15 @@ def _measured(row: Any, blocked: bool) -> TopicStats:
     if blocked:
         topic, pending, buried, oldest, keys, since, later = row
         return TopicStats(topic, pending, buried, oldest, keys, since, due_later=later)
-    topic, pending, buried, oldest, later = row
-    return TopicStats(topic, pending, buried, oldest, blocked_keys=None, due_later=later)
+    topic, pending, buried, oldest = row
+    return TopicStats(topic, pending, buried, oldest, blocked_keys=None)
+
+
+def _with_due_later(stats: list[TopicStats], later: dict[str, int] | None) -> list[TopicStats]:
+    """``stats`` with the due-later counts kept beside them (None: not kept)."""
+    if later is None:
+        return stats
+    return [dataclasses.replace(s, due_later=int(later.get(s.topic, 0))) for s in stats]
 
 
 def _topic_params(settings: TopicSettings, now: dt.datetime | None) -> dict[str, Any]:

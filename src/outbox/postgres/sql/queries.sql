@@ -705,9 +705,11 @@ ORDER BY 4, 1, 2
 LIMIT %(limit)s;
 
 -- backlog_read --
--- The last backlog measurement, and whether it was taken within %(max_age)s
--- (by the database's clock, which took it).
-SELECT stats, measured_at > now() - %(max_age)s AS fresh
+-- The last backlog measurement, whether it was taken within %(max_age)s (by
+-- the database's clock, which took it), and its due-later counts (as
+-- backlog_last reads them).
+SELECT stats, measured_at > now() - %(max_age)s AS fresh,
+       CASE WHEN due_later_at = measured_at THEN due_later END
 FROM outbox_backlog;
 
 -- backlog_last --
@@ -718,16 +720,15 @@ SELECT measured_at, stats, CASE WHEN due_later_at = measured_at THEN due_later E
 FROM outbox_backlog;
 
 -- backlog_measure --
--- Backlog per topic: pending and buried counts, the oldest pending message.
+-- Backlog per topic: pending and buried counts, the oldest pending message;
+-- what the controller's grant can read (no due-later counts: NULL).
 -- A scan of the whole table: run it every few seconds, not per message. With
 -- %(keep)s it is stored as the last measurement, for the other relays to read.
 WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
-           count(*) FILTER (WHERE buried_at IS NULL AND leased_until IS NULL
-                              AND due_at > now()) AS due_later
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
     FROM outbox_messages
     GROUP BY topic
 ),
@@ -736,14 +737,13 @@ kept AS (
     SELECT true, now(),
            coalesce(jsonb_agg(jsonb_build_array(topic, pending, buried, oldest_pending)
                               ORDER BY topic), '[]'),
-           coalesce(jsonb_object_agg(topic, due_later), '{}'), now()
+           NULL, NULL
     FROM stats
     HAVING %(keep)s
     ON CONFLICT (id) DO UPDATE SET measured_at = excluded.measured_at, stats = excluded.stats,
-                                   due_later = excluded.due_later,
-                                   due_later_at = excluded.due_later_at
+                                   due_later = NULL, due_later_at = NULL
 )
-SELECT topic, pending, buried, oldest_pending, due_later FROM stats ORDER BY topic;
+SELECT topic, pending, buried, oldest_pending FROM stats ORDER BY topic;
 
 -- backlog_measure_blocked --
 -- backlog_measure, with each topic's blocked keys (as keys_blocked finds them,

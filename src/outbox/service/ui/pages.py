@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 import jinja2
@@ -219,15 +220,7 @@ class Pages:
         if q.get("id"):
             wanted = inputs.message_id(q["id"].strip())
             raise web.HTTPSeeOther(f"{self.base}/messages/{wanted}")
-        query = MessageQuery(
-            state=inputs.state(q.get("state") or None),
-            topic=None if not q.get("topic") else inputs.topic(q["topic"]),
-            key=inputs.key(q.get("key") or None),
-            after=None if not q.get("after") else inputs.message_id(q["after"], "after"),
-            limit=inputs.limit(q.get("limit") or None),
-            error_contains=inputs.error_text(q.get("error_contains") or None),
-            older_than=inputs.older_than(q.get("older_than") or None),
-        )
+        query = _listing(q, inputs.state(q.get("state") or None))
         page = await self._listed(query)
         return await self.render(
             "messages.html",
@@ -305,14 +298,7 @@ class Pages:
     async def _buried(self, request: web.Request) -> web.Response:
         visitor = self._visitor(request)
         q = request.query
-        query = MessageQuery(
-            state="buried",
-            topic=None if not q.get("topic") else inputs.topic(q["topic"]),
-            after=None if not q.get("after") else inputs.message_id(q["after"], "after"),
-            limit=inputs.limit(q.get("limit") or None),
-            error_contains=inputs.error_text(q.get("error_contains") or None),
-            older_than=inputs.older_than(q.get("older_than") or None),
-        )
+        query = _listing(q, "buried")
         page = await self._listed(query)
         return await self.render(
             "buried.html",
@@ -402,6 +388,19 @@ class Pages:
                 )
             notice = f"{topic} {'resumed' if action == 'resume' else 'paused'}."
         raise web.HTTPSeeOther(f"{self.base}/topics?{urllib.parse.urlencode({'notice': notice})}")
+
+
+def _listing(q: Mapping[str, str], state: str | None) -> MessageQuery:
+    """The listing a page's filter form asks for (an empty field: any)."""
+    return MessageQuery(
+        state=state,
+        topic=None if not q.get("topic") else inputs.topic(q["topic"]),
+        key=inputs.key(q.get("key") or None),
+        after=None if not q.get("after") else inputs.message_id(q["after"], "after"),
+        limit=inputs.limit(q.get("limit") or None),
+        error_contains=inputs.error_text(q.get("error_contains") or None),
+        older_than=inputs.older_than(q.get("older_than") or None),
+    )
 
 
 def _text(value: object) -> str | None:
