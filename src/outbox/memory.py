@@ -338,27 +338,8 @@ class MemoryStore:
     async def list_messages(self, query: MessageQuery) -> list[StoredMessage]:
         now = query.now or self.clock()
         listed = []
-        rows = sorted(self._rows.values(), key=lambda r: r.message.id)
-        if query.state == "buried":  # newest burial first, from the burial of ``after``
-            rows = sorted(
-                (r for r in rows if r.buried_at is not None),
-                key=lambda r: (r.buried_at, r.message.id),
-                reverse=True,
-            )
-            after = self._rows.get(query.after) if query.after is not None else None
-            if query.after is not None:
-                mark = None if after is None else (after.buried_at, after.message.id)
-                rows = [
-                    r
-                    for r in rows
-                    if mark is not None
-                    and mark[0] is not None
-                    and (r.buried_at, r.message.id) < mark
-                ]
-        for r in rows:
+        for r in self._listing_order(query):
             m = r.message
-            if query.state != "buried" and query.after is not None and m.id <= query.after:
-                continue
             if query.topic not in (None, m.topic) or query.key not in (None, m.key):
                 continue
             since = r.buried_at if query.state == "buried" else m.created_at
@@ -380,6 +361,32 @@ class MemoryStore:
                 if len(listed) == query.limit:
                     break
         return listed
+
+    def _listing_order(self, query: MessageQuery) -> list[Row]:
+        """The rows a listing reads, in its order, after its ``after``."""
+        rows = sorted(self._rows.values(), key=lambda r: r.message.id)
+        if query.state == "buried":  # newest burial first, from the burial of ``after``
+            ordered = sorted(
+                (r for r in rows if r.buried_at is not None),
+                key=lambda r: (r.buried_at, r.message.id),
+                reverse=True,
+            )
+            if query.after is None:
+                return ordered
+            after = self._rows.get(query.after)
+            if after is None or after.buried_at is None:
+                return []
+            mark = (after.buried_at, after.message.id)
+            return [r for r in ordered if (r.buried_at, r.message.id) < mark]
+        if query.state in ("pending", "due_later"):  # as relays claim them
+            ordered = sorted(rows, key=lambda r: (r.due_at, r.message.id))
+            if query.after is None:
+                return ordered
+            if query.after_due is None:
+                return []
+            due = (query.after_due, query.after)
+            return [r for r in ordered if (r.due_at, r.message.id) > due]
+        return [r for r in rows if query.after is None or r.message.id > query.after]
 
     async def list_buried(
         self,

@@ -296,7 +296,9 @@ class MessageQuery:
     ``state`` (one of MESSAGE_STATES), ``topic`` and ``key`` (None: any), in
     the order of their ids after ``after`` (the last id of the page before),
     at most ``limit``; the buried (state ``buried``) newest burial first,
-    after ``after``'s burial. ``now``: a test's clock (states are the store's time).
+    after ``after``'s burial; the due (states ``pending`` and ``due_later``)
+    in the order relays claim them, by due time then id, after
+    (``after_due``, ``after``). ``now``: a test's clock (states are the store's time).
     ValueError for a state or limit out of range."""
 
     state: str | None = None
@@ -310,6 +312,8 @@ class MessageQuery:
     older_than: dt.timedelta | None = None
     """Created longer than this ago (by the store's time); with state
     ``buried``, buried longer than this ago, as BuriedFilter's."""
+    after_due: dt.datetime | None = None
+    """With state ``pending`` or ``due_later``: the due time of ``after``."""
 
     def __post_init__(self) -> None:
         if self.error_contains is not None and not 0 < len(self.error_contains) <= MAX_ERROR_TEXT:

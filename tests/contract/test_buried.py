@@ -297,3 +297,26 @@ async def test_buried_ones_are_listed_newest_burial_first(store: Store[Any]) -> 
         MessageQuery(state="buried", after=first[-1].message.id, limit=10, now=T0)
     )
     assert [s.message.id for s in rest] == [m.id for m in msgs[2:]]
+
+
+async def test_due_ones_are_listed_as_relays_claim_them(store: Store[Any]) -> None:
+    """Pending and due-later listings read in due order, then id, and page on
+    from the last one's due time even once it was delivered."""
+    late_first = new_message("mail.a", {"n": 0}, T0, deliver_at=T0 + dt.timedelta(minutes=3))
+    soon = [new_message("mail.a", {"n": n}, T0 + dt.timedelta(seconds=n)) for n in range(1, 4)]
+    async with store.begin() as tx:
+        await store.add(tx, late_first, *soon)
+    now = T0 + dt.timedelta(minutes=5)
+    first = await store.list_messages(MessageQuery(state="pending", limit=2, now=now))
+    assert [s.message.id for s in first] == [soon[0].id, soon[1].id]
+    await store.ack(soon[1].id)  # delivered meanwhile: the next page still follows it
+    last = first[-1]
+    rest = await store.list_messages(
+        MessageQuery(
+            state="pending", after=last.message.id, after_due=last.due_at, limit=10, now=now
+        )
+    )
+    assert [s.message.id for s in rest] == [soon[2].id, late_first.id]
+    soon_after = T0 + dt.timedelta(seconds=10)
+    [later] = await store.list_messages(MessageQuery(state="due_later", now=soon_after))
+    assert later.message.id == late_first.id

@@ -363,3 +363,22 @@ async def test_due_later_counts_are_believed_only_from_the_measurement_they_came
     measured = await pg_store.backlog_measurement()
     assert measured is not None
     assert [(s.pending, s.due_later) for s in measured[1]] == [(1, None)]
+
+
+async def test_a_pending_listing_pages_on_by_its_cursor(
+    console: Client, pg_store: PostgresStore
+) -> None:
+    msgs = [new_message("mail.a", {"n": n}, T0 + dt.timedelta(seconds=n)) for n in range(5)]
+    async with pg_store.begin() as tx:
+        await pg_store.add(tx, *msgs)
+    seen: list[str] = []
+    path = "/api/v1/messages?state=pending&limit=2"
+    while True:
+        status, page = await console.get(path, VIEWER)
+        assert status == 200, page
+        seen += [m["id"] for m in page["messages"]]
+        if page["next"] is None:
+            break
+        path = f"/api/v1/messages?state=pending&limit=2&after={page['next']}"
+    assert seen == [str(m.id) for m in msgs]
+    assert (await console.get("/api/v1/messages?after=x~y", VIEWER))[0] == 400

@@ -37,6 +37,9 @@ _KEYS_BLOCKED = QUERIES["keys_blocked"]
 _GET = QUERIES["message_get"]
 _LIST = QUERIES["message_list"]
 _LIST_BURIED = QUERIES["message_list_buried"]
+_LIST_DUE = QUERIES["message_list_due"]
+_LISTINGS = {"buried": _LIST_BURIED, "pending": _LIST_DUE, "due_later": _LIST_DUE}
+"""The listings read in an order of their own, from an index of their rows."""
 LIST_WAIT = 2.0
 """Longest a listing of messages may read (seconds): a filter that matches little
 in a large outbox is refused with QueryTooBroad rather than read it all."""
@@ -89,7 +92,7 @@ class OperatorQueries:
         ):
             await conn.execute(_LIST_TIMEOUT, {"ms": str(max(int(self.list_wait * 1000), 1))})
             try:
-                listing = _LIST_BURIED if query.state == "buried" else _LIST
+                listing = _LISTINGS.get(query.state or "", _LIST)
                 cur = await conn.execute(listing, params)
                 rows = await cur.fetchall()
             except psycopg.errors.QueryCanceled:

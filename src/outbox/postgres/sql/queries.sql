@@ -530,6 +530,28 @@ WHERE (%(after)s::uuid IS NULL OR id > %(after)s)
 ORDER BY id
 LIMIT %(limit)s;
 
+-- message_list_due --
+-- message_list of the due (pending) or due later, in the order relays claim
+-- them: by due time, then id, read from the index of ready rows (a topic's
+-- from its topic index), the page after (%(after_due)s, %(after)s).
+SELECT id, topic, '' AS payload, created_at, attempts,
+       due_at, nullif(leased_until, 'infinity') AS leased_until, last_error, buried_at, requeues,
+       requeued_at, octet_length(payload::text), key, headers,
+       leased_until = 'infinity' AS parked
+FROM outbox_messages
+WHERE buried_at IS NULL AND leased_until IS NULL
+  AND (%(state)s::text <> 'pending' OR due_at <= coalesce(%(now)s::timestamptz, now()))
+  AND (%(state)s::text <> 'due_later' OR due_at > coalesce(%(now)s::timestamptz, now()))
+  AND (%(after)s::uuid IS NULL OR (due_at, id) > (%(after_due)s::timestamptz, %(after)s::uuid))
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s)
+  AND (%(key)s::text IS NULL OR key = %(key)s)
+  AND (%(error_contains)s::text IS NULL
+       OR strpos(lower(last_error), lower(%(error_contains)s)) > 0)
+  AND (%(older_than)s::interval IS NULL
+       OR created_at < coalesce(%(now)s::timestamptz, now()) - %(older_than)s::interval)
+ORDER BY due_at, id
+LIMIT %(limit)s;
+
 -- message_list_buried --
 -- message_list of the buried, newest burial first (where an operator looks):
 -- read from the index of buried rows, the page after %(after)s continuing

@@ -111,11 +111,13 @@ class Api:
         """A page of messages in the order of their ids; ``next`` reads on."""
         identity = self._caller(request).identity
         q = request.query
+        after, after_due = inputs.cursor(q.get("after"))
         query = MessageQuery(
             state=inputs.state(q.get("state")),
             topic=None if q.get("topic") is None else inputs.topic(q["topic"]),
             key=inputs.key(q.get("key")),
-            after=None if q.get("after") is None else inputs.message_id(q["after"], "after"),
+            after=after,
+            after_due=after_due,
             limit=inputs.limit(q.get("limit")),
         )
         try:
@@ -125,9 +127,8 @@ class Api:
         now = dt.datetime.now(dt.UTC)
         messages = [_described(s, now, identity) for s in page]
         more = len(page) == query.limit
-        return web.json_response(
-            {"messages": messages, "next": str(page[-1].message.id) if more else None}
-        )
+        following = inputs.next_cursor(page[-1], query.state) if more else None
+        return web.json_response({"messages": messages, "next": following})
 
     async def _message(self, request: web.Request) -> web.Response:
         """One message; its payload only for an operator who asks (``payload=1``),

@@ -10,16 +10,18 @@ import uuid
 from outbox.durations import parse_duration
 from outbox.message import validate_topic
 from outbox.requests import MAX_ERROR_TEXT, MAX_LISTING, MESSAGE_STATES
-from outbox.store import BuriedFilter
+from outbox.store import BuriedFilter, StoredMessage
 
 __all__ = [
     "MAX_IDS",
     "MAX_KEY",
     "MAX_LIMIT",
     "Refused",
+    "cursor",
     "key",
     "limit",
     "message_id",
+    "next_cursor",
     "selection",
     "state",
     "topic",
@@ -60,6 +62,29 @@ def message_id(text: str, what: str = "the message id") -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise Refused(400, f"{what} must be a message id (a UUID)") from None
+
+
+def cursor(text: str | None) -> tuple[uuid.UUID | None, dt.datetime | None]:
+    """A listing's ``after``: the last message of the page before, and for a
+    listing in due order its due time (``ID~MICROSECONDS``, as ``next`` gives)."""
+    if not text:
+        return None, None
+    ident, _, due = text.partition("~")
+    if not due:
+        return message_id(ident, "after"), None
+    try:
+        at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=int(due))
+    except (ValueError, OverflowError):
+        raise Refused(400, "after must be a listing's next cursor") from None
+    return message_id(ident, "after"), at
+
+
+def next_cursor(last: StoredMessage, state: str | None) -> str:
+    """The cursor of the page after ``last``: its id, and in due order its due time."""
+    if state not in ("pending", "due_later"):
+        return str(last.message.id)
+    micros = (last.due_at - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    return f"{last.message.id}~{micros}"
 
 
 def topic(text: object) -> str:

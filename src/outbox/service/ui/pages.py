@@ -245,7 +245,7 @@ class Pages:
         if len(page) < limit:
             return None
         query = dict(request.query)
-        query["after"] = str(page[-1].message.id)
+        query["after"] = inputs.next_cursor(page[-1], request.query.get("state") or None)
         return f"{self.base}{request.path.removeprefix(self.base)}?{urllib.parse.urlencode(query)}"
 
     async def _message(self, request: web.Request) -> web.Response:
@@ -392,11 +392,13 @@ class Pages:
 
 def _listing(q: Mapping[str, str], state: str | None) -> MessageQuery:
     """The listing a page's filter form asks for (an empty field: any)."""
+    after, after_due = inputs.cursor(q.get("after"))
     return MessageQuery(
         state=state,
         topic=None if not q.get("topic") else inputs.topic(q["topic"]),
         key=inputs.key(q.get("key") or None),
-        after=None if not q.get("after") else inputs.message_id(q["after"], "after"),
+        after=after,
+        after_due=after_due,
         limit=inputs.limit(q.get("limit") or None),
         error_contains=inputs.error_text(q.get("error_contains") or None),
         older_than=inputs.older_than(q.get("older_than") or None),
