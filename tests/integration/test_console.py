@@ -382,3 +382,36 @@ async def test_a_pending_listing_pages_on_by_its_cursor(
         path = f"/api/v1/messages?state=pending&limit=2&after={page['next']}"
     assert seen == [str(m.id) for m in msgs]
     assert (await console.get("/api/v1/messages?after=x~y", VIEWER))[0] == 400
+
+
+async def test_every_role_for_every_action(console: Client, pg_store: PostgresStore) -> None:
+    """401 without credentials; a viewer reads but gets 403 for a payload and
+    for every change; an operator does each."""
+    m = new_message("mail.welcome", {"code": "918273"}, T0)
+    await bury(pg_store, m, reason="550")
+    reads = [
+        "/api/v1/topics",
+        "/api/v1/relays",
+        "/api/v1/keys/blocked",
+        "/api/v1/messages",
+        f"/api/v1/messages/{m.id}",
+    ]
+    dry = {"filter": {"topic": "mail.welcome"}, "dry_run": True}
+    changes: list[tuple[str, Any]] = [
+        ("/api/v1/buried/requeue", dry),
+        ("/api/v1/buried/purge", dry),
+        ("/api/v1/topics/mail.welcome/pause", {}),
+        ("/api/v1/topics/mail.welcome/resume", {}),
+    ]
+    for path in reads:
+        assert (await console.get(path))[0] == 401, path
+        assert (await console.get(path, VIEWER))[0] == 200, path
+        assert (await console.get(path, OPERATOR))[0] == 200, path
+    reveal = f"/api/v1/messages/{m.id}?payload=1"
+    assert [(await console.get(reveal, t))[0] for t in (None, VIEWER, OPERATOR)] == [401, 403, 200]
+    for path, body in changes:
+        assert (await console.post(path, body))[0] == 401, path
+        status, answer = await console.post(path, body, VIEWER)
+        assert status == 403, path
+        assert "918273" not in json.dumps(answer)
+        assert (await console.post(path, body, OPERATOR))[0] == 200, path
