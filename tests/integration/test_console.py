@@ -178,6 +178,26 @@ def test_the_command_refuses_to_serve_beyond_loopback_without_authentication(db:
     assert result.stderr.startswith("outbox ui: OUTBOX_UI_HOST: 0.0.0.0 is beyond loopback")
 
 
+@pytest.mark.parametrize(
+    ("settings", "variable"),
+    [
+        ({"OUTBOX_UI_PROXY_ADDRESSES": "10.0.0.0/8,the office"}, "OUTBOX_UI_PROXY_ADDRESSES"),
+        ({"OUTBOX_UI_PROXY_ADDRESSES": "10.0.0.0/8"}, "OUTBOX_UI_PROXY_VIEWER_GROUPS"),
+        ({"OUTBOX_UI_SESSION_KEY": "short"}, "OUTBOX_UI_SESSION_KEY"),
+        ({"OUTBOX_UI_TRACE_URL": "https://tempo.example/trace/"}, "OUTBOX_UI_TRACE_URL"),
+        ({"OUTBOX_UI_BASE_PATH": "outbox/"}, "OUTBOX_UI_BASE_PATH"),
+    ],
+)
+def test_bad_console_settings_are_one_line_naming_the_variable(
+    db: str, settings: dict[str, str], variable: str
+) -> None:
+    result = run_outbox("ui", OUTBOX_DATABASE_URL=db, **settings)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert variable in result.stderr
+    assert "short" not in result.stderr, "a secret's value is never echoed"
+
+
 def test_the_command_serves_the_api_with_its_tokens(db: str, tmp_path: Path) -> None:
     port = free_port()
     env = outbox_env(
