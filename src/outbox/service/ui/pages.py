@@ -463,7 +463,7 @@ def _described(selection: BuriedFilter, named: list[str]) -> str:
 def _when(at: dt.datetime | None) -> str:
     if at is None:
         return "never"
-    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{at.astimezone(dt.UTC).isoformat(' ', 'seconds')[:19]} UTC"
 
 
 def _age(seconds: float | None) -> str:
