@@ -8,6 +8,10 @@ times in turn; p50 / p95 each (targets: every read 150 ms at p95, the
 overview's counts 50 ms, a filter by error text over the buried ones 1 s).
 Then one bulk requeue of every buried message (100,000) and its time.
 
+Measure: the relays' shared backlog measurement (the statement a relay runs
+every backlog interval, a read of every row) on the same data, this tree's
+against --baseline's, alternating --rounds times, without keeping it.
+
 Drain: --rounds alternating pairs of a relay draining --messages (beside the
 100,000 buried) alone and while the console serves --rate requests a second
 of mixed reads from a separate process; the ratio of each pair's drain rates
@@ -307,14 +311,46 @@ def fill_due(conninfo: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE outbox_messages")
 
 
+def measure_statements(conninfo: str, baseline: str, rounds: int) -> None:
+    """The backlog measurement's statement, this tree's and ``baseline``'s, in turn."""
+    import re
+
+    from outbox.postgres.queries import QUERIES
+
+    old_text = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{baseline}:src/outbox/postgres/sql/queries.sql"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    parts = re.split(r"^-- ([a-z_]+) --$", old_text, flags=re.MULTILINE)
+    old = dict(zip(parts[1::2], parts[2::2], strict=True))["backlog_measure_blocked"]
+    params = {"scan": 10_000, "keep": False}
+    ratios = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for r in range(rounds):
+            took = {}
+            both = [("current", QUERIES["backlog_measure_blocked"]), ("baseline", old)]
+            for name, text in both if r % 2 == 0 else both[::-1]:
+                started = time.perf_counter()
+                conn.execute(text, params).fetchall()  # type: ignore[call-overload]
+                took[name] = time.perf_counter() - started
+            ratios.append(took["baseline"] / took["current"])
+            print(
+                f"backlog measurement: {took['current'] * 1000:.0f} ms, {baseline}'s "
+                f"{took['baseline'] * 1000:.0f} ms: {ratios[-1]:.2f}x"
+            )
+    print(f"median {statistics.median(ratios):.2f}x (the baseline's time over this tree's)")
+
+
 def main() -> int:
-    parser = arguments(__doc__, rounds=3)
+    parser = arguments(__doc__, rounds=3, baseline=True)
     parser.add_argument("--pending", type=int, default=1_000_000)
     parser.add_argument("--buried", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--messages", type=int, default=50_000, help="drained a round")
     parser.add_argument("--rate", type=float, default=200, help="console requests a second")
-    parser.add_argument("--only", choices=("reads", "drain"), help="one part only")
+    parser.add_argument("--only", choices=("reads", "measure", "drain"), help="one part only")
     parser.add_argument("--load", help=argparse_suppress())
     args = parser.parse_args()
     if args.load:
@@ -322,7 +358,11 @@ def main() -> int:
         load(args.load, args.rate, 3600, paths)
         return 0
     with postgres(args.database_url) as url, tempfile.TemporaryDirectory() as tmp:
-        if args.only != "drain":
+        if args.only in (None, "measure"):
+            with schema(url) as conninfo:
+                fill(conninfo, args.pending, args.buried)
+                measure_statements(conninfo, args.baseline, max(args.rounds, 5))
+        if args.only in (None, "reads"):
             with schema(url) as conninfo:
                 started = time.perf_counter()
                 fill(conninfo, args.pending, args.buried)
@@ -344,7 +384,7 @@ def main() -> int:
                         )
                     count, took = asyncio.run(bulk_requeue(base))
                     print(f"\nbulk requeue of every buried message: {count:,} in {took:.1f} s")
-        if args.only != "reads":
+        if args.only in (None, "drain"):
             print(
                 f"\ndrain of {args.messages:,} beside 100,000 buried, alone and with the "
                 f"console serving {args.rate:.0f} reads/s"

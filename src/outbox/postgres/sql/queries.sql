@@ -776,10 +776,15 @@ WITH stats AS MATERIALIZED (
     SELECT topic,
            count(*) FILTER (WHERE buried_at IS NULL) AS pending,
            count(*) FILTER (WHERE buried_at IS NOT NULL) AS buried,
-           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending,
-           count(*) FILTER (WHERE buried_at IS NULL AND leased_until IS NULL
-                              AND due_at > now()) AS due_later
+           min(created_at) FILTER (WHERE buried_at IS NULL) AS oldest_pending
     FROM outbox_messages
+    GROUP BY topic
+),
+later AS MATERIALIZED (
+    -- From the index of ready rows: only the part not yet due is read.
+    SELECT topic, count(*) AS due_later
+    FROM outbox_messages
+    WHERE buried_at IS NULL AND leased_until IS NULL AND due_at > now()
     GROUP BY topic
 ),
 waiting AS MATERIALIZED (
@@ -807,9 +812,11 @@ blocked AS MATERIALIZED (
 ),
 joined AS MATERIALIZED (
     SELECT s.topic, s.pending, s.buried, s.oldest_pending,
-           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked, s.due_later
+           coalesce(b.keys, 0) AS blocked_keys, b.since AS oldest_blocked,
+           coalesce(l.due_later, 0) AS due_later
     FROM stats AS s
     LEFT JOIN blocked AS b ON b.topic = s.topic
+    LEFT JOIN later AS l ON l.topic = s.topic
 ),
 kept AS (
     INSERT INTO outbox_backlog (id, measured_at, stats, due_later, due_later_at)

@@ -135,7 +135,8 @@ class Api:
         each reveal audit-logged (payloads hold one-time codes)."""
         identity = self._caller(request).identity
         wanted = inputs.message_id(request.match_info["id"])
-        if request.query.get("payload") == "1":
+        reveal = request.query.get("payload") == "1"
+        if reveal:
             if not identity.operates:
                 raise Refused(403, f"{identity.name} is a viewer: payloads need the operator role")
             stored = await self.operations.reveal(identity, wanted)
@@ -143,7 +144,7 @@ class Api:
             stored = await self.store.get(wanted)
         out = _described(stored, dt.datetime.now(dt.UTC), identity)
         out["size"] = len(stored.message.payload)
-        if request.query.get("payload") == "1":
+        if reveal:
             out["payload"] = stored.message.payload.decode("utf-8", "replace")
         return web.json_response(out)
 
@@ -168,13 +169,11 @@ class Api:
         writes an operator's override (``outbox topics delete`` releases it)."""
         identity = self._operator(request)
         topic = inputs.topic(request.match_info["topic"])
-        before = (await self.store.topics()).get(topic)
         force = request.query.get("force") == "1"
         try:
-            await self.operations.enable(identity, topic, enabled=enabled, force=force)
+            governed = await self.operations.enable(identity, topic, enabled=enabled, force=force)
         except Governed as exc:
             raise Refused(409, str(exc)) from None
-        governed = before is not None and (before.source or "").startswith("kubernetes:")
         return web.json_response({"topic": topic, "paused": not enabled, "override": governed})
 
     async def _buried_action(self, request: web.Request, action: str) -> web.Response:

@@ -143,10 +143,13 @@ class Operations:
         SHARED_FOR for every visitor (a change made here reads it again)."""
         now = self.clock()
         cached = self._overview
-        if cached is not None and now - cached[0] < SHARED_FOR and not count:
-            answered = cached[1].measured_at is not None or not when_missing
-            if answered:
-                return cached[1]
+        if (
+            cached is not None
+            and not count
+            and now - cached[0] < SHARED_FOR
+            and (cached[1].measured_at is not None or not when_missing)
+        ):
+            return cached[1]
         overview = await self._read_overview(count=count, when_missing=when_missing)
         self._overview = (now, overview)
         return overview
@@ -216,12 +219,10 @@ class Operations:
         self._audit(identity, action, selection.topic or "*", f"filter={fields} count={done}")
         return done
 
-    async def enable(
-        self, identity: Identity, topic: str, *, enabled: bool, force: bool
-    ) -> TopicSettings:
+    async def enable(self, identity: Identity, topic: str, *, enabled: bool, force: bool) -> bool:
         """Pause or resume ``topic``, as ``outbox topics pause|resume`` does; a
         topic an OutboxTopic governs raises Governed unless ``force``, which
-        writes an operator's override."""
+        writes an operator's override. Whether it overrode a resource."""
         current = (await self.store.topics()).get(topic) or TopicSettings(topic)
         source = current.source or ""
         governed = source.startswith("kubernetes:")
@@ -232,7 +233,7 @@ class Operations:
         self._overview = None
         action = "resume" if enabled else "pause"
         self._audit(identity, action, topic, "(an override of its OutboxTopic)" if governed else "")
-        return entry
+        return governed
 
     async def release(self, identity: Identity, topic: str) -> bool:
         """Remove an operator's entry (``outbox topics delete``): an OutboxTopic
